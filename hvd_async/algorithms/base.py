@@ -1,0 +1,58 @@
+"""The strategy interface: when and what to exchange, through a transport, applying a rule."""
+import abc
+import dataclasses
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+
+def parse_options(options_cls, algorithm: str, options: Dict[str, Any]):
+    """Build the strategy's options dataclass; unknown keywords get an error listing the accepted."""
+    accepted = [f.name for f in dataclasses.fields(options_cls)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(map(repr, unknown))} for algorithm "
+                        f"{algorithm!r}; accepted: {', '.join(accepted) or 'none'}")
+    return options_cls(**options)
+
+
+class Strategy(abc.ABC):
+    """Drives one worker's side of an algorithm. Built by :class:`hvd_async.DistributedOptimizer`.
+
+    Subclasses declare ``Options`` (a dataclass that validates itself in ``__post_init__``) and
+    implement ``step``. They talk to a transport, never to MPI directly.
+    """
+
+    name: str = "strategy"
+    Options: type = None
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: List[Tuple[str, torch.Tensor]],
+                 transport, options):
+        self.optimizer = optimizer
+        self.named_parameters = named_parameters
+        self.transport = transport
+        self.options = options
+        self.steps = 0
+
+    @abc.abstractmethod
+    def step(self, closure=None):
+        """Exchange what the algorithm exchanges, then update the local model."""
+
+    def synchronize(self) -> None:
+        """Finish any exchange in flight (no-op where nothing is pending)."""
+
+    def check_zero_grad(self) -> None:
+        """Raise if clearing gradients now would race with an exchange in flight."""
+
+    def stats(self) -> Dict[str, float]:
+        """Staleness and exchange statistics for the metrics file."""
+        return {"staleness_mean": 0.0, "staleness_max": 0}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+
+    def close(self) -> None:
+        """Release hooks and buffers (the transport is closed by its owner)."""

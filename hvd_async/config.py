@@ -1,0 +1,197 @@
+"""The training job's options: one parser for the launcher and the job, YAML presets, and validation.
+
+Every bad value raises :class:`ConfigError` with one line naming the value and what is accepted; the
+command-line front ends print that line and exit with status 2.
+"""
+import argparse
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import yaml
+
+from . import registry
+
+DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagenet")  # hvd_async.data.DATASETS
+MODELS = ("mlp", "cnn", "resnet18", "resnet50")                     # hvd_async.models.MODELS
+FILE_DATASETS = ("mnist", "cifar10", "imagenet")
+
+
+class ConfigError(ValueError):
+    """A bad option value; the message is the one line the user sees."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage dump) and raise ConfigError."""
+
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
+                 suppress_defaults: bool = False) -> argparse.ArgumentParser:
+    """The job's parser; ``launcher`` adds the options only ``hvd-async train`` reads."""
+    d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
+    p = _Parser(prog=prog, description="Train a model with a distributed SGD algorithm from the "
+                "hvd_async registry (the reference training job).",
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                argument_default=argparse.SUPPRESS if suppress_defaults else None)
+    p.add_argument("--config", metavar="FILE.yaml", default=d(None),
+                   help="YAML file of options (keys as the long options); flags given here win")
+    p.add_argument("--algo", default=d("ssgd"), metavar="NAME",
+                   help=f"algorithm, one of: {', '.join(registry.NAMES)} (built: {', '.join(registry.built())})")
+    p.add_argument("--np", type=int, default=d(4 if launcher else None),
+                   help="MPI processes in all, servers included" +
+                   ("" if launcher else " (checked against the MPI world when given)"))
+    p.add_argument("--servers", type=int, default=d(None),
+                   help="parameter-server ranks (default: 1 for parameter-server algorithms, else 0)")
+    p.add_argument("--dataset", default=d("digits"), metavar="NAME",
+                   help=f"one of: {', '.join(DATASETS)}; digits and synthetic need no files")
+    p.add_argument("--data-dir", default=d(None), metavar="DIR",
+                   help="folder with the standard files of mnist, cifar10 or imagenet")
+    p.add_argument("--image-size", type=int, default=d(None),
+                   help="resize images to this size (synthetic: 32, imagenet: 224 by default)")
+    p.add_argument("--model", default=d("mlp"), metavar="NAME", help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--epochs", type=int, default=d(10), help="passes over the training split")
+    p.add_argument("--batch-size", type=int, default=d(32), help="samples per step on each worker")
+    p.add_argument("--lr", type=float, default=d(0.1), help="learning rate")
+    p.add_argument("--momentum", type=float, default=d(0.9), help="SGD momentum of the local optimizer")
+    p.add_argument("--weight-decay", type=float, default=d(0.0), help="SGD weight decay")
+    p.add_argument("--seed", type=int, default=d(0), help="seed of data split, model and sampling")
+    p.add_argument("--logdir", default=d(None), metavar="DIR", help="write TensorBoard event files here")
+    p.add_argument("--metrics-out", default=d(None), metavar="PATH", help="write the run's metrics JSON here")
+    p.add_argument("--straggler", action="append", default=d([]), metavar="WORKER=FACTOR",
+                   help="make that worker's steps FACTOR times as long by sleeping (repeatable; "
+                        "workers are numbered 0..workers-1, not by MPI rank)")
+    p.add_argument("--compute-ms", type=float, default=d(0.0), metavar="MS",
+                   help="simulated compute per step on every worker (sleep), to study protocol costs")
+    p.add_argument("--backward-passes-per-step", type=int, default=d(1),
+                   help="ssgd: backward passes accumulated locally per step")
+    p.add_argument("--fp16-allreduce", action="store_true", default=d(False),
+                   help="ssgd: compress gradients to fp16 for the allreduce")
+    p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
+                   help="progress display on the reporting worker (auto: a bar on a terminal)")
+    if launcher:
+        p.add_argument("--mpi-args", default=d(""), metavar="'ARGS'",
+                       help="extra arguments for mpirun, e.g. '--hostfile hosts --map-by node'")
+    return p
+
+
+def _load_yaml(path: str, parser) -> Dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} must hold a mapping of option: value")
+    known = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    out = {}
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if dest not in known:
+            raise ConfigError(f"--config {path}: unknown option {key!r}; accepted: "
+                              + ", ".join(sorted(k.replace("_", "-") for k in known)))
+        if dest == "straggler":
+            if isinstance(value, dict):
+                value = [f"{k}={v}" for k, v in value.items()]
+            value = [str(v) for v in (value if isinstance(value, list) else [value])]
+        elif known[dest].type is not None and value is not None:
+            try:
+                value = known[dest].type(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"--config {path}: {key}: invalid value {value!r}") from None
+        out[dest] = value
+    return out
+
+
+def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True) -> argparse.Namespace:
+    """Parse flags over the defaults and the ``--config`` file (flags win), without validating."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(launcher=launcher)
+    args = parser.parse_args(argv)
+    if args.config:
+        given = vars(build_parser(launcher=launcher, suppress_defaults=True).parse_args(argv))
+        merged = vars(args)
+        merged.update(_load_yaml(args.config, parser))
+        merged.update(given)
+        args = argparse.Namespace(**merged)
+    return args
+
+
+def parse_stragglers(specs: List[str]) -> Dict[int, float]:
+    out = {}
+    for spec in specs:
+        worker, sep, factor = str(spec).partition("=")
+        try:
+            worker_i, factor_f = int(worker), float(factor)
+        except ValueError:
+            raise ConfigError(f"--straggler {spec!r} must be WORKER=FACTOR, e.g. 2=3") from None
+        if not sep or factor_f < 1.0:
+            raise ConfigError(f"--straggler {spec!r}: FACTOR must be >= 1 (how many times longer "
+                              f"that worker's step takes)")
+        out[worker_i] = factor_f
+    return out
+
+
+def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
+    """Check every value; fill derived ones (``servers``, ``workers``, ``stragglers``)."""
+    try:
+        row = registry.check_built(args.algo)
+    except (ValueError, NotImplementedError) as exc:
+        raise ConfigError(f"--algo: {exc}") from None
+    for name, choices in (("dataset", DATASETS), ("model", MODELS)):
+        if getattr(args, name) not in choices:
+            raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
+    for name in ("epochs", "batch_size", "backward_passes_per_step"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.lr > 0:
+        raise ConfigError(f"--lr must be > 0, got {args.lr}")
+    for name in ("momentum", "weight_decay", "compute_ms"):
+        if not getattr(args, name) >= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.image_size is not None and args.image_size < 1:
+        raise ConfigError(f"--image-size must be >= 1, got {args.image_size}")
+    if args.np is not None and args.np < 1:
+        raise ConfigError(f"--np must be >= 1, got {args.np}")
+    if world_size is not None and args.np is not None and args.np != world_size:
+        raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
+                          f"launched with; drop --np or launch with mpirun -np {args.np}")
+    total = world_size if world_size is not None else args.np
+    if args.servers is None:
+        args.servers = 1 if row.uses_servers else 0
+    if args.servers < 0:
+        raise ConfigError(f"--servers must be >= 0, got {args.servers}")
+    if not row.uses_servers and args.servers:
+        raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r} uses no parameter "
+                          f"server; use --servers 0")
+    if row.uses_servers and args.servers < 1:
+        raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
+    if total is not None and args.servers >= total:
+        raise ConfigError(f"--servers {args.servers} leaves no worker: --np {total} counts every MPI "
+                          f"process, servers included; use --servers < {total} or a larger --np")
+    args.workers = None if total is None else total - args.servers
+    args.stragglers = parse_stragglers(args.straggler)
+    for worker in args.stragglers:
+        if args.workers is not None and not 0 <= worker < args.workers:
+            raise ConfigError(f"--straggler {worker}=...: there is no worker {worker}; the job has "
+                              f"{args.workers} worker(s), numbered 0..{args.workers - 1} "
+                              f"(servers are not counted)")
+    if args.dataset in FILE_DATASETS:
+        if not args.data_dir:
+            raise ConfigError(f"--dataset {args.dataset} needs --data-dir (a folder with its standard "
+                              f"files); digits and synthetic need none")
+        if not os.path.isdir(args.data_dir):
+            raise ConfigError(f"--data-dir {args.data_dir} does not exist or is not a folder")
+    return args
+
+
+def algorithm_options(args: argparse.Namespace) -> Dict:
+    """The keyword options of DistributedOptimizer that the job's flags set."""
+    if args.algo == "ssgd":
+        return {"backward_passes_per_step": args.backward_passes_per_step,
+                "compression": "fp16" if args.fp16_allreduce else "none"}
+    return {}

@@ -1,0 +1,168 @@
+"""Process roles: MPI and Horovod start-up, the server/worker split, and an orderly shutdown.
+
+World ranks ``0 .. servers-1`` are parameter servers, the rest are workers. Launched with
+``mpirun --map-by node`` this puts one server on each of the first nodes. Horovod is initialised
+over the workers' communicator only, so server ranks never join an allreduce.
+"""
+import atexit
+import logging
+import numbers
+from enum import Enum
+from typing import List, Optional
+
+from . import logs, server
+
+logger = logging.getLogger(__name__)
+
+
+class Role(Enum):
+    SERVER = "server"   # holds global weights (window shards), runs serve()
+    WORKER = "worker"   # computes gradients, runs the training loop
+
+
+class _Runtime:
+    def __init__(self, servers: int):
+        from mpi4py import MPI
+
+        self.world = MPI.COMM_WORLD
+        self.servers = servers
+        self.role = Role.SERVER if self.world.rank < servers else Role.WORKER
+        self.ctrl = self.world.Dup()  # control messages (done, ...) apart from user traffic
+        self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
+        self.finished = False
+
+
+_rt: Optional[_Runtime] = None
+
+
+def init(servers: int = 0) -> None:
+    """Start MPI and Horovod and give this process its role.
+
+    Args:
+        servers: how many of the job's MPI processes are parameter servers (0 for ssgd, hpsgd and
+            gossip; 1 or more for the parameter-server algorithms). Must leave at least one worker.
+
+    Example::
+
+        import hvd_async as ha
+        ha.init(servers=1)
+        if ha.is_server():
+            ha.serve()
+    """
+    global _rt
+    if isinstance(servers, bool) or not isinstance(servers, numbers.Integral) or servers < 0:
+        raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
+    if _rt is not None:
+        if _rt.servers != servers:
+            raise RuntimeError(f"hvd_async.init() was already called with servers={_rt.servers}; "
+                               f"it cannot be called again with servers={servers}")
+        return
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD.size
+    if servers >= world:
+        raise ValueError(
+            f"servers={servers} leaves no worker: the job has {world} MPI process(es) in all; "
+            f"use servers < {world} or launch more processes (mpirun -np, hvd-async train --np)")
+    rt = _Runtime(int(servers))
+    logs.configure(rt.role.value, rt.group.rank)
+    if rt.role is Role.WORKER:
+        import horovod.torch as hvd
+
+        hvd.init(comm=rt.group)
+    _rt = rt
+    atexit.register(shutdown)
+    logger.info("started: world rank %d of %d, %s %d", rt.world.rank, world, rt.role.value, rt.group.rank)
+
+
+def _runtime() -> _Runtime:
+    if _rt is None:
+        raise RuntimeError("hvd_async is not initialised: call hvd_async.init() first")
+    return _rt
+
+
+def _worker_runtime(what: str) -> _Runtime:
+    rt = _runtime()
+    if rt.role is not Role.WORKER:
+        raise RuntimeError(f"{what} is for worker processes; this is server {rt.group.rank} "
+                           f"(world rank {rt.world.rank}): call hvd_async.serve() there instead")
+    return rt
+
+
+def is_initialized() -> bool:
+    return _rt is not None
+
+
+def is_server() -> bool:
+    return _runtime().role is Role.SERVER
+
+
+def is_worker() -> bool:
+    return _runtime().role is Role.WORKER
+
+
+def rank() -> int:
+    """This worker's rank among the workers (0 .. size()-1)."""
+    return _worker_runtime("rank()").group.rank
+
+
+def size() -> int:
+    """The number of workers (server ranks not counted)."""
+    return _runtime().world.size - _runtime().servers
+
+
+def local_rank() -> int:
+    """This worker's rank among the workers on its node (Horovod's local_rank)."""
+    _worker_runtime("local_rank()")
+    import horovod.torch as hvd
+
+    return hvd.local_rank()
+
+
+def world_rank() -> int:
+    return _runtime().world.rank
+
+
+def world_size() -> int:
+    return _runtime().world.size
+
+
+def num_servers() -> int:
+    return _runtime().servers
+
+
+def server_ranks() -> List[int]:
+    """World ranks of the parameter servers."""
+    return list(range(_runtime().servers))
+
+
+def worker_ranks() -> List[int]:
+    """World ranks of the workers, in worker-rank order."""
+    rt = _runtime()
+    return list(range(rt.servers, rt.world.size))
+
+
+def worker_comm():
+    """The mpi4py communicator of the workers (what Horovod runs over)."""
+    return _worker_runtime("worker_comm()").group
+
+
+def serve(*, poll_interval: float = 0.0005) -> server.ServerReport:
+    """Run the server loop until every worker has finished (see :mod:`hvd_async.server`)."""
+    rt = _runtime()
+    if rt.role is not Role.SERVER:
+        raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
+    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval)
+    rt.finished = True
+    return report
+
+
+def shutdown() -> None:
+    """Tell every server this worker has finished (idempotent; also runs at interpreter exit)."""
+    rt = _rt
+    if rt is None or rt.finished:
+        return
+    rt.finished = True
+    if rt.role is Role.WORKER:
+        for dest in server_ranks():
+            rt.ctrl.send(None, dest=dest, tag=server.TAG_DONE)

@@ -1,0 +1,207 @@
+"""The reference training job: ``python -m hvd_async.train`` on every MPI rank.
+
+Runs as-is under ``mpirun``, ``horovodrun`` or ``hvd-async train`` (which launches it). Server
+ranks serve; workers train on their shard of the data, evaluate the model on the held-out split
+after each epoch, and the first worker prints the result, writes TensorBoard scalars (``--logdir``)
+and the metrics JSON (``--metrics-out``).
+"""
+import logging
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from .config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _threads_per_rank(world_size: int) -> int:
+    """Share the node's cores among its ranks (oversubscribed runs thrash otherwise)."""
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", world_size))
+    return max(1, (os.cpu_count() or 1) // max(1, local))
+
+
+class _Pacer:
+    """Injected compute: ``--compute-ms`` on every worker, stretched by this worker's straggler factor."""
+
+    def __init__(self, compute_ms: float, factor: float):
+        self.compute_s, self.factor = compute_ms / 1000.0, factor
+        self.last_work = 0.0
+
+    def before_step(self) -> None:
+        # The straggler sleeps (factor-1) x its real forward/backward time of the last step on top.
+        delay = self.compute_s * self.factor + (self.factor - 1.0) * self.last_work
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _evaluate(model, dataset, rank: int, size: int, comm) -> float:
+    """Accuracy over the whole test split, each worker taking every size-th sample."""
+    import torch
+
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        idx = list(range(rank, len(dataset), size))
+        for start in range(0, len(idx), 512):
+            batch = [dataset[i] for i in idx[start:start + 512]]
+            x = torch.stack([b[0] for b in batch])
+            y = torch.as_tensor([int(b[1]) for b in batch])
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(batch)
+    model.train()
+    correct, total = comm.allreduce(np.array([correct, total], dtype=np.int64))
+    return int(correct) / max(1, int(total))
+
+
+def train_worker(args) -> dict:
+    """One worker's training loop; returns the metrics record (complete on worker 0)."""
+    import torch
+    import torch.nn.functional as F
+    from mpi4py import MPI
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import hvd_async as ha
+    from . import data, models
+    from .config import algorithm_options
+    from .metrics import RunMetrics
+
+    rank, workers, comm = ha.rank(), ha.size(), ha.worker_comm()
+    reporter = rank == 0
+    torch.set_num_threads(_threads_per_rank(ha.world_size()))
+    torch.manual_seed(args.seed)
+    splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed, image_size=args.image_size)
+    model = models.build_model(args.model, splits.input_shape, splits.num_classes)
+    import horovod.torch as hvd
+
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = ha.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                        weight_decay=args.weight_decay),
+        named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
+    sampler = DistributedSampler(splits.train, num_replicas=workers, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
+    pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
+    metrics = RunMetrics({
+        "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
+        "servers": ha.num_servers(), "dataset": args.dataset, "model": args.model,
+        "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+        "compute_ms": args.compute_ms, "stragglers": {str(k): v for k, v in args.stragglers.items()},
+    }, logdir=args.logdir, reporter=reporter)
+
+    bar = None
+    if reporter and (args.progress == "bar" or (args.progress == "auto" and (
+            sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1"))):
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.epochs * len(loader), desc=f"{args.algo} x{workers}", unit="step",
+                   file=sys.stderr, dynamic_ncols=True)
+    steps = samples = 0
+    train_seconds = 0.0
+    loss_sum = torch.zeros(())
+    for epoch in range(1, args.epochs + 1):
+        sampler.set_epoch(epoch)
+        epoch_start, epoch_samples, wait = time.perf_counter(), 0, 0.0
+        loss_sum.zero_()
+        for x, y in loader:
+            pacer.before_step()
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            t1 = time.perf_counter()
+            opt.step()
+            t2 = time.perf_counter()
+            pacer.last_work = t1 - t0
+            wait += t2 - t1
+            loss_sum += loss.detach()
+            steps += 1
+            epoch_samples += len(y)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch, refresh=False)
+        epoch_seconds = time.perf_counter() - epoch_start
+        train_seconds += epoch_seconds
+        samples += epoch_samples
+        train_loss = comm.allreduce(float(loss_sum) / max(1, len(loader))) / workers
+        rates = comm.gather(epoch_samples / epoch_seconds, root=0)
+        accuracy = _evaluate(model, splits.test, rank, workers, comm)
+        wait_ms = 1000.0 * wait / max(1, len(loader))
+        if reporter:
+            entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
+                                  worker_samples_per_second=rates, exchange_wait_ms=wait_ms)
+            line = (f"epoch {epoch}/{args.epochs}  train loss {train_loss:.4f}  test accuracy "
+                    f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s")
+            (bar.write(line) if bar is not None else _say(line))
+    if bar is not None:
+        bar.close()
+    total_samples = comm.allreduce(samples)
+    train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
+    stats = opt.stats()
+    opt.close()
+    return metrics.finish(
+        args.metrics_out, steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"]
+        if reporter else None, final_train_loss=train_loss, wall_seconds=round(metrics.elapsed(), 4),
+        train_seconds=round(train_seconds, 4),
+        samples_per_second=total_samples / max(train_seconds, 1e-9),
+        staleness_mean=stats["staleness_mean"], staleness_max=stats["staleness_max"])
+
+
+def main(argv=None) -> int:
+    from . import config
+
+    try:
+        args = config.parse(argv, launcher=False)
+    except ConfigError as exc:
+        _say(f"hvd_async.train: error: {exc}")
+        return 2
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        config.validate(args, world_size=world.size)
+    except ConfigError as exc:
+        if world.rank == 0:
+            _say(f"hvd_async.train: error: {exc}")
+        return 2
+
+    import hvd_async as ha
+    from .data import DataError
+    from .models import ModelError
+
+    ha.init(servers=args.servers)
+    if ha.is_server():
+        report = ha.serve()
+        logger.info("server done after %.1f s", report.wall_seconds)
+        return 0
+    try:
+        record = train_worker(args)
+    except (DataError, ModelError, ConfigError) as exc:  # raised alike on every worker
+        if ha.rank() == 0:
+            _say(f"hvd_async.train: error: {exc}")
+        return 2
+    except Exception:  # one rank failed alone: take the job down rather than hang the others
+        traceback.print_exc()
+        sys.stderr.flush()
+        world.Abort(1)
+    finally:
+        ha.shutdown()
+    if ha.rank() == 0:
+        print(f"result: {args.algo} on {args.dataset} ({args.model}), {record['workers']} worker(s), "
+              f"{args.epochs} epochs: test accuracy {record['final_test_accuracy']:.4f}, train loss "
+              f"{record['final_train_loss']:.4f}, {record['wall_seconds']:.1f} s, "
+              f"{record['samples_per_second']:.0f} samples/s", flush=True)
+        if args.metrics_out:
+            print(f"metrics written to {args.metrics_out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

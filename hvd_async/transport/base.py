@@ -1,0 +1,83 @@
+"""What every transport offers: ownership (close, use-after-close errors) and the collective interface."""
+import abc
+import enum
+from typing import Any, List
+
+import torch
+
+
+class ReduceOp(enum.Enum):
+    AVERAGE = "average"
+    SUM = "sum"
+
+    @classmethod
+    def parse(cls, value) -> "ReduceOp":
+        """Accept a ReduceOp, 'average'/'sum', or Horovod's ``hvd.Average`` / ``hvd.Sum``."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.lower() in ("average", "sum"):
+            return cls(value.lower())
+        if isinstance(value, int) and not isinstance(value, bool):
+            from horovod.torch import Average, Sum
+
+            if value == Average:
+                return cls.AVERAGE
+            if value == Sum:
+                return cls.SUM
+        raise ValueError(f"op must be 'average' or 'sum' (or hvd.Average / hvd.Sum), got {value!r}; "
+                         "for Adasum use horovod.torch.DistributedOptimizer directly")
+
+
+class Transport(abc.ABC):
+    """Owns communication resources. ``close()`` frees them; any later call raises."""
+
+    def __init__(self):
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} was closed; create a new one")
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CollectiveTransport(Transport):
+    """Collectives among the workers: the synchronous family's transport.
+
+    Names ending in ``_async`` start work and return a handle; ``synchronize(handle)`` waits for it.
+    Names ending in ``_`` change their tensor in place (Horovod's convention).
+    """
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def allreduce_async_(self, tensor: torch.Tensor, *, name: str, op: ReduceOp) -> Any:
+        """Start reducing ``tensor`` in place across workers; returns a handle."""
+
+    @abc.abstractmethod
+    def synchronize(self, handle) -> torch.Tensor:
+        """Wait for a handle from ``allreduce_async_``; returns the reduced tensor."""
+
+    @abc.abstractmethod
+    def broadcast_(self, tensor: torch.Tensor, *, root: int, name: str) -> torch.Tensor:
+        """Overwrite ``tensor`` with root's value on every worker."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj) -> List[Any]:
+        """Every worker's ``obj`` (picklable), in rank order."""
+
+    def allreduce_(self, tensor: torch.Tensor, *, name: str, op: ReduceOp = ReduceOp.AVERAGE):
+        return self.synchronize(self.allreduce_async_(tensor, name=name, op=op))
