@@ -165,14 +165,14 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
         args.servers = 1 if row.uses_servers else 0
     if args.servers < 0:
         raise ConfigError(f"--servers must be >= 0, got {args.servers}")
+    if total is not None and args.servers >= total:
+        raise ConfigError(f"--servers {args.servers} leaves no worker: --np {total} counts every MPI "
+                          f"process, servers included; use --servers < {total} or a larger --np")
     if not row.uses_servers and args.servers:
         raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r} uses no parameter "
                           f"server; use --servers 0")
     if row.uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
-    if total is not None and args.servers >= total:
-        raise ConfigError(f"--servers {args.servers} leaves no worker: --np {total} counts every MPI "
-                          f"process, servers included; use --servers < {total} or a larger --np")
     args.workers = None if total is None else total - args.servers
     args.stragglers = parse_stragglers(args.straggler)
     for worker in args.stragglers:

@@ -5,7 +5,8 @@ a parameter's gradient has been accumulated in ``backward()`` (overlapping the r
 pass), ``step()`` waits for all of them and then runs the wrapped optimizer. With
 ``backward_passes_per_step=k`` gradients accumulate locally over k backward passes (summed, as in
 Horovod) and are reduced once. Parameters that got no gradient are reduced as zeros so that all
-workers submit the same collectives.
+workers submit the same collectives. With a single worker nothing is exchanged (as in Horovod, so
+fp16 compression does not round the gradients then).
 """
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ class SSGD(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self._names = {p: name for name, p in named_parameters}
         self._trainable = [p for _, p in sorted(named_parameters, key=lambda item: item[0])
-                           if p.requires_grad]
+                           if p.requires_grad and transport.size > 1]
         self._delay = {p: options.backward_passes_per_step for p in self._trainable}
         self._handles = {}  # parameter -> (handle or None, compression context)
         self._synchronized = False

@@ -1,0 +1,17 @@
+# The two commands of the README, and the setup they share (idempotent; fast when nothing changed).
+.PHONY: setup train test bench
+VENV := .venv
+
+setup:
+	@bash scripts/setup.sh
+
+# The main job: ssgd on scikit-learn's digits, 4 MPI processes, result printed at the end.
+train: setup
+	$(VENV)/bin/hvd-async train --np 4 --metrics-out runs/metrics.json --logdir runs/tb
+
+# Unit tests in one process, then the MPI suites under mpirun at 1, 2 and 4 ranks.
+test: setup
+	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider
+
+bench: setup
+	$(VENV)/bin/python benchmarks/ssgd_overhead.py

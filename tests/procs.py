@@ -1,0 +1,62 @@
+"""Run a command (an mpirun job, a CLI call) with a timeout, in its own process group, leaving nothing behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import List, Optional, Sequence
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_SHM = ["--mca", "btl", "self,tcp", "--mca", "osc", "^sm"]  # how separate nodes behave
+
+
+class Result:
+    def __init__(self, returncode: int, out: str):
+        self.returncode, self.out = returncode, out
+
+    def __repr__(self):
+        return f"Result(returncode={self.returncode}, out=...{self.out[-3000:]})"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None, cwd: str = ROOT) -> Result:
+    """Run ``cmd``; on timeout kill its whole process group and fail (a hang is a bug, not a flake)."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}")
+    deadline = time.time() + 10
+    while _group_alive(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    if _group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"processes were left behind by: {' '.join(cmd)}")
+    return Result(proc.returncode, out)
+
+
+def mpirun(np: int, program: Sequence[str], *, no_shm: bool = False, timeout: float = 240,
+           env: Optional[dict] = None) -> Result:
+    """``program`` on ``np`` ranks through the project's own launcher command line."""
+    from hvd_async.launcher import mpirun_command
+
+    cmd = mpirun_command(np, program, mpi_args=" ".join(NO_SHM) if no_shm else "",
+                         env=list((env or {}).keys()))
+    return run(cmd, timeout=timeout, env=env)
+
+
+def python(*args: str) -> List[str]:
+    return [sys.executable, *args]

@@ -1,0 +1,106 @@
+"""The hvd-async command and the training job as a user runs them: results, files, and errors."""
+import json
+import os
+
+import pytest
+
+from procs import mpirun, python, run
+
+CLI = python("-m", "hvd_async.cli")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--algo", "nope"], "unknown algorithm 'nope'; choose one of: ssgd"),
+    (["--dataset", "svhn"], "unknown dataset 'svhn'"),
+    (["--model", "vgg"], "unknown model 'vgg'"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--np", "2", "--servers", "2"], "--servers 2 leaves no worker"),
+    (["--np", "3", "--straggler", "3=2"], "there is no worker 3"),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "--data-dir /nonexistent/mnist does not exist"),
+])
+def test_bad_input_one_line_exit_2(argv, match):
+    result = run(CLI + ["train", *argv], timeout=60)
+    assert result.returncode == 2, result.out
+    lines = result.out.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("hvd-async train: error:"), result.out
+    assert "Traceback" not in result.out
+
+
+def test_help_texts():
+    for argv in (["--help"], ["train", "--help"]):
+        result = run(CLI + argv, timeout=60)
+        assert result.returncode == 0 and "usage:" in result.out
+    assert "--straggler WORKER=FACTOR" in run(CLI + ["train", "--help"], timeout=60).out
+    listing = run(CLI + ["algorithms"], timeout=60).out
+    assert "ssgd" in listing and "built" in listing and "dc-asgd" in listing
+
+
+def test_job_reports_bad_data_files_once_and_exits_2(tmp_path):
+    result = run(CLI + ["train", "--np", "2", "--dataset", "mnist", "--data-dir", str(tmp_path),
+                        "--epochs", "1"], timeout=120)
+    assert result.returncode == 2, result.out
+    assert result.out.count("hvd_async.train: error: MNIST files missing in") == 1, result.out
+    assert "Traceback" not in result.out
+
+
+def test_job_under_plain_mpirun_checks_np():
+    result = mpirun(2, python("-m", "hvd_async.train", "--np", "3"), timeout=120)
+    assert result.returncode == 2
+    assert result.out.count("--np 3 does not match the 2 MPI processes") == 1, result.out
+
+
+def test_reference_job_reaches_accuracy_and_writes_metrics_and_tensorboard(tmp_path):
+    """The issue's acceptance run: ssgd, 4 processes, digits, 10 epochs."""
+    metrics, logdir = tmp_path / "m.json", tmp_path / "tb"
+    result = run(CLI + ["train", "--algo", "ssgd", "--np", "4", "--dataset", "digits", "--epochs", "10",
+                        "--metrics-out", str(metrics), "--logdir", str(logdir)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    assert "result: ssgd on digits (mlp), 4 worker(s), 10 epochs: test accuracy" in result.out
+    record = json.loads(metrics.read_text())
+    for key in ("algorithm", "world_size", "workers", "servers", "dataset", "model", "epochs", "steps",
+                "final_test_accuracy", "final_train_loss", "wall_seconds", "samples_per_second",
+                "staleness_mean", "staleness_max", "history"):
+        assert key in record, key
+    assert (record["algorithm"], record["world_size"], record["workers"], record["servers"]) == ("ssgd", 4, 4, 0)
+    assert record["final_test_accuracy"] >= 0.90, record["final_test_accuracy"]
+    assert record["staleness_max"] == 0 and record["samples_per_second"] > 0
+    assert [h["epoch"] for h in record["history"]] == list(range(1, 11))
+    times = [h["wall_seconds"] for h in record["history"]]
+    assert times == sorted(times)
+    assert record["history"][-1]["train_loss"] < record["history"][0]["train_loss"]
+    # 1437 training samples split over 4 workers, 32 per step: 12 steps per epoch
+    assert record["steps"] == 10 * 12
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"accuracy/test", "loss/train", "throughput/samples_per_second", "throughput/worker_3",
+            "time/exchange_wait_ms_per_step"} <= tags, tags
+    assert [e.step for e in acc.Scalars("accuracy/test")] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
+    metrics = tmp_path / "m.json"
+    argv = ["train", "--np", str(np), "--epochs", "2", "--metrics-out", str(metrics), "--compute-ms", "1"]
+    if np == 2:
+        argv += ["--straggler", "1=2", "--model", "cnn", "--fp16-allreduce"]
+    result = run(CLI + argv, timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    assert record["workers"] == np and len(record["history"]) == 2
+    assert 0.0 <= record["final_test_accuracy"] <= 1.0
+
+
+def test_yaml_config_drives_the_job(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("np: 2\nepochs: 1\nbatch-size: 64\n")
+    metrics = tmp_path / "m.json"
+    result = run(CLI + ["train", "--config", str(cfg), "--metrics-out", str(metrics)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    assert (record["workers"], record["epochs"], record["batch_size"]) == (2, 1, 64)

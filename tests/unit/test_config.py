@@ -1,0 +1,72 @@
+"""Option parsing and validation: YAML presets under flags, and a one-line error for every bad value."""
+import pytest
+
+from hvd_async import config
+
+
+def _validate(argv, world_size=None):
+    return config.validate(config.parse(argv), world_size=world_size)
+
+
+def test_defaults():
+    args = _validate([])
+    assert (args.algo, args.np, args.servers, args.workers, args.dataset, args.model) == \
+        ("ssgd", 4, 0, 4, "digits", "mlp")
+
+
+def test_yaml_file_under_flags(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("epochs: 3\nbatch-size: 16\nlr: '0.05'\nstraggler: {1: 2.5}\ncompute_ms: 5\n")
+    args = _validate(["--config", str(path), "--epochs", "7"])
+    assert args.epochs == 7          # the flag wins
+    assert args.batch_size == 16 and args.lr == 0.05 and args.compute_ms == 5.0
+    assert args.stragglers == {1: 2.5}
+    args = _validate(["--config", str(path), "--straggler", "3=2"])
+    assert args.stragglers == {3: 2.0}  # a flag replaces the file's list, it does not add to it
+
+
+@pytest.mark.parametrize("text,match", [
+    ("epochs: 3\nlearning_rate: 1\n", "unknown option 'learning_rate'; accepted: "),
+    ("epochs: [1\n", "is not valid YAML"),
+    ("- 1\n- 2\n", "must hold a mapping"),
+    ("epochs: many\n", "epochs: invalid value 'many'"),
+])
+def test_bad_yaml(tmp_path, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError, match=match):
+        _validate(["--config", str(path)])
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--algo", "sgd"], "unknown algorithm 'sgd'; choose one of: ssgd, asgd, dc-asgd"),
+    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, synthetic, mnist, cifar10, imagenet"),
+    (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, resnet18, resnet50"),
+    (["--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--lr", "nan"], "--lr must be > 0, got nan"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--epochs", "-2"], "--epochs must be >= 1, got -2"),
+    (["--np", "0"], "--np must be >= 1, got 0"),
+    (["--np", "3", "--servers", "3"], "--servers 3 leaves no worker: --np 3 counts every MPI process"),
+    (["--servers", "1"], "--servers 1: algorithm 'ssgd' uses no parameter server"),
+    (["--straggler", "4=2"], "there is no worker 4; the job has 4 worker\\(s\\), numbered 0..3"),
+    (["--straggler", "1=0.5"], "FACTOR must be >= 1"),
+    (["--straggler", "x"], "must be WORKER=FACTOR"),
+    (["--compute-ms", "-1"], "--compute-ms must be >= 0"),
+    (["--dataset", "mnist"], "--dataset mnist needs --data-dir"),
+    (["--dataset", "cifar10", "--data-dir", "/nonexistent/x"], "--data-dir /nonexistent/x does not exist"),
+    (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+])
+def test_bad_values_get_one_clear_line(argv, match):
+    with pytest.raises(config.ConfigError, match=match) as info:
+        _validate(argv)
+    assert "\n" not in str(info.value)
+
+
+def test_np_must_match_the_mpi_world():
+    args = config.parse(["--np", "4"], launcher=False)
+    with pytest.raises(config.ConfigError, match="--np 4 does not match the 2 MPI processes"):
+        config.validate(args, world_size=2)
+    args = config.validate(config.parse([], launcher=False), world_size=3)  # no --np: the world decides
+    assert args.workers == 3

@@ -1,0 +1,382 @@
+"""Tests for hvd_async.data: every dataset is read back from small files the tests write."""
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hvd_async.data import DATASETS, DataError, DataSplits, load_dataset
+
+MNIST_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+# ---------------------------------------------------------------- helpers
+
+def write_idx(path, array, magic):
+    """Write ``array`` (uint8) in the big-endian idx format that MNIST ships in."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    with open(path, "wb") as out:
+        out.write(struct.pack(">i", magic))
+        out.write(struct.pack(f">{array.ndim}i", *array.shape))
+        out.write(array.tobytes())
+
+
+def write_mnist(folder, n_train=20, n_test=10, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+    os.makedirs(folder, exist_ok=True)
+    for name, array in arrays.items():
+        write_idx(os.path.join(folder, name), array, 2051 if "images" in name else 2049)
+    return arrays
+
+
+def write_cifar(root, per_batch=4, n_test=3, seed=0):
+    """Write the cifar-10-batches-py layout; keys are str, as the real (Python 2)
+    pickles give when unpickled with encoding='latin1' as torchvision does."""
+    rng = np.random.default_rng(seed)
+    folder = os.path.join(root, "cifar-10-batches-py")
+    os.makedirs(folder, exist_ok=True)
+    batches = {}
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", n_test)]:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 "labels": [int(v) for v in rng.integers(0, 10, n)]}
+        with open(os.path.join(folder, name), "wb") as out:
+            pickle.dump(batch, out)
+        batches[name] = batch
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    with open(os.path.join(folder, "batches.meta"), "wb") as out:
+        pickle.dump({"label_names": names, "num_cases_per_batch": per_batch}, out)
+    return folder, batches
+
+
+COLOURS = {"cat": (200, 10, 10), "dog": (10, 200, 10), "fish": (10, 10, 200)}
+
+
+def write_imagenet(root, classes=COLOURS, train_per_class=2, val_per_class=1):
+    """Solid-colour PNGs of varied sizes in train/<class>/ and val/<class>/."""
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for cls in classes:
+            folder = os.path.join(root, split, cls)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(count):
+                Image.new("RGB", (40 + 8 * i, 36), COLOURS.get(cls, (0, 0, 0))).save(
+                    os.path.join(folder, f"{cls}_{i}.png"))
+
+
+# ---------------------------------------------------------------- digits
+
+def test_digits_sizes_shapes_and_classes():
+    splits = load_dataset("digits")
+    assert isinstance(splits, DataSplits)
+    assert len(splits.train) + len(splits.test) == 1797
+    assert len(splits.test) == 360  # 20 % of 1797, rounded up by scikit-learn
+    assert splits.num_classes == 10 and splits.input_shape == (1, 8, 8)
+    image, label = splits.train[0]
+    assert image.shape == (1, 8, 8) and image.dtype == torch.float32
+    assert torch.as_tensor(label).dtype == torch.int64
+    labels = splits.train.tensors[1]
+    assert sorted(labels.unique().tolist()) == list(range(10))
+
+
+def test_digits_split_reproducible_per_seed_and_different_across_seeds():
+    a, b, c = load_dataset("digits", seed=3), load_dataset("digits", seed=3), load_dataset("digits", seed=4)
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0])
+    assert torch.equal(a.test.tensors[1], b.test.tensors[1])
+    assert not torch.equal(a.test.tensors[0], c.test.tensors[0])
+
+
+def test_digits_standardised_with_train_statistics():
+    splits = load_dataset("digits", data_dir="/ignored/for/digits")
+    train = splits.train.tensors[0]
+    assert abs(train.mean().item()) < 1e-5
+    assert abs(train.std(unbiased=False).item() - 1.0) < 1e-4
+    # The test split uses the train statistics, so it is close to, not exactly, standard.
+    assert abs(splits.test.tensors[0].mean().item()) < 0.1
+
+
+def test_digits_stratified_split_keeps_class_balance():
+    test_labels = load_dataset("digits").test.tensors[1]
+    counts = torch.bincount(test_labels, minlength=10)
+    assert counts.min().item() >= 34 and counts.max().item() <= 38
+
+
+# ---------------------------------------------------------------- synthetic
+
+def test_synthetic_shapes_and_sizes():
+    splits = load_dataset("synthetic", synthetic_samples=100, image_size=12)
+    assert len(splits.train) == 100 and len(splits.test) == 25
+    assert splits.num_classes == 10 and splits.input_shape == (3, 12, 12)
+    image, label = splits.train[0]
+    assert image.shape == (3, 12, 12) and image.dtype == torch.float32
+    assert label.dtype == torch.int64 and 0 <= int(label) < 10
+    assert load_dataset("synthetic", synthetic_samples=8).input_shape == (3, 32, 32)
+
+
+def test_synthetic_deterministic_per_seed():
+    a = load_dataset("synthetic", seed=1, synthetic_samples=64, image_size=8)
+    b = load_dataset("synthetic", seed=1, synthetic_samples=64, image_size=8)
+    c = load_dataset("synthetic", seed=2, synthetic_samples=64, image_size=8)
+    for x, y in zip(a.train.tensors + a.test.tensors, b.train.tensors + b.test.tensors):
+        assert torch.equal(x, y)
+    assert not torch.equal(a.train.tensors[0], c.train.tensors[0])
+
+
+def test_synthetic_is_learnable_but_not_separable_at_initialisation():
+    splits = load_dataset("synthetic", seed=0, synthetic_samples=1024, image_size=8)
+    x, y = splits.train.tensors
+    x_test, y_test = splits.test.tensors
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+    with torch.no_grad():
+        initial = (model(x_test).argmax(1) == y_test).float().mean().item()
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        for i in range(0, len(x), 32):
+            loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    with torch.no_grad():
+        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+    assert initial < 0.4
+    assert accuracy > 0.8
+
+
+# ---------------------------------------------------------------- mnist
+
+@pytest.mark.parametrize("layout", ["flat", "torchvision"])
+def test_mnist_reads_idx_files_back(tmp_path, layout):
+    folder = tmp_path if layout == "flat" else tmp_path / "MNIST" / "raw"
+    arrays = write_mnist(str(folder))
+    splits = load_dataset("mnist", str(tmp_path))
+    assert len(splits.train) == 20 and len(splits.test) == 10
+    assert splits.num_classes == 10 and splits.input_shape == (1, 28, 28)
+    assert [int(splits.train[i][1]) for i in range(20)] == arrays["train-labels-idx1-ubyte"].tolist()
+    assert [int(splits.test[i][1]) for i in range(10)] == arrays["t10k-labels-idx1-ubyte"].tolist()
+    image, _ = splits.test[3]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32
+    raw = arrays["t10k-images-idx3-ubyte"][3]
+    assert image[0, 5, 17].item() == pytest.approx((raw[5, 17] / 255.0 - 0.1307) / 0.3081, abs=1e-5)
+    expected = (torch.from_numpy(raw).float() / 255.0 - 0.1307) / 0.3081
+    assert torch.allclose(image[0], expected, atol=1e-5)
+
+
+def test_mnist_image_size_resizes(tmp_path):
+    write_mnist(str(tmp_path))
+    splits = load_dataset("mnist", str(tmp_path), image_size=14)
+    assert splits.input_shape == (1, 14, 14)
+    assert splits.train[0][0].shape == (1, 14, 14)
+
+
+def test_mnist_dataset_can_be_pickled_for_loader_workers(tmp_path):
+    arrays = write_mnist(str(tmp_path))
+    copy = pickle.loads(pickle.dumps(load_dataset("mnist", str(tmp_path)).train))
+    assert int(copy[7][1]) == int(arrays["train-labels-idx1-ubyte"][7])
+
+
+def test_mnist_folder_without_files_names_missing_files(tmp_path):
+    with pytest.raises(DataError, match="MNIST files missing in .*train-images-idx3-ubyte.*t10k-labels-idx1-ubyte"):
+        load_dataset("mnist", str(tmp_path))
+
+
+def test_mnist_partial_files_names_only_the_missing_ones(tmp_path):
+    write_mnist(str(tmp_path))
+    os.remove(tmp_path / "t10k-labels-idx1-ubyte")
+    with pytest.raises(DataError) as caught:
+        load_dataset("mnist", str(tmp_path))
+    message = str(caught.value)
+    assert str(tmp_path) in message and "t10k-labels-idx1-ubyte" in message
+    assert "train-images-idx3-ubyte" not in message
+
+
+def test_mnist_bad_magic_names_the_file(tmp_path):
+    write_mnist(str(tmp_path))
+    bad = tmp_path / "t10k-images-idx3-ubyte"
+    data = bytearray(bad.read_bytes())
+    data[0:4] = struct.pack(">i", 1234567)
+    bad.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte is not a valid MNIST idx file"):
+        load_dataset("mnist", str(tmp_path))
+
+
+def test_mnist_truncated_file_names_the_file(tmp_path):
+    write_mnist(str(tmp_path))
+    bad = tmp_path / "train-labels-idx1-ubyte"
+    bad.write_bytes(bad.read_bytes()[:12])
+    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte is not a valid MNIST idx file"):
+        load_dataset("mnist", str(tmp_path))
+
+
+def test_mnist_image_and_label_counts_must_agree(tmp_path):
+    write_mnist(str(tmp_path))
+    write_idx(str(tmp_path / "train-labels-idx1-ubyte"), np.zeros(7, dtype=np.uint8), 2049)
+    with pytest.raises(DataError, match="20 images but .* 7 labels"):
+        load_dataset("mnist", str(tmp_path))
+
+
+# ---------------------------------------------------------------- cifar10
+
+def test_cifar10_reads_batches_back(tmp_path):
+    _, batches = write_cifar(str(tmp_path))
+    splits = load_dataset("cifar10", str(tmp_path))
+    assert len(splits.train) == 20 and len(splits.test) == 3
+    assert splits.num_classes == 10 and splits.input_shape == (3, 32, 32)
+    train_labels = sum((batches[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
+    assert [int(splits.train[i][1]) for i in range(20)] == train_labels
+    assert [int(splits.test[i][1]) for i in range(3)] == batches["test_batch"]["labels"]
+    # Sample 6 is the third image of data_batch_2; rows are channel-major 3x32x32.
+    image, _ = splits.train[6]
+    raw = batches["data_batch_2"]["data"][2].reshape(3, 32, 32)
+    assert image.shape == (3, 32, 32) and image.dtype == torch.float32
+    for channel, row, col in [(0, 0, 0), (1, 9, 30), (2, 31, 4)]:
+        expected = (raw[channel, row, col] / 255.0 - CIFAR_MEAN[channel]) / CIFAR_STD[channel]
+        assert image[channel, row, col].item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_cifar10_accepts_the_batches_folder_itself_and_image_size(tmp_path):
+    folder, batches = write_cifar(str(tmp_path))
+    splits = load_dataset("cifar10", folder, image_size=16)
+    assert splits.input_shape == (3, 16, 16) and splits.test[0][0].shape == (3, 16, 16)
+    assert int(splits.test[1][1]) == batches["test_batch"]["labels"][1]
+
+
+def test_cifar10_missing_files_are_named(tmp_path):
+    folder, _ = write_cifar(str(tmp_path))
+    os.remove(os.path.join(folder, "data_batch_4"))
+    os.remove(os.path.join(folder, "batches.meta"))
+    with pytest.raises(DataError, match=r"CIFAR-10 files missing in .*cifar-10-batches-py: data_batch_4, batches.meta"):
+        load_dataset("cifar10", str(tmp_path))
+
+
+def test_cifar10_batch_that_is_not_a_pickle_names_the_file(tmp_path):
+    folder, _ = write_cifar(str(tmp_path))
+    with open(os.path.join(folder, "test_batch"), "wb") as out:
+        out.write(b"this is not a pickle")
+    # The train split is still fine, so the error comes from the test split.
+    with pytest.raises(DataError, match=r"test_batch is not a valid CIFAR-10 file"):
+        load_dataset("cifar10", str(tmp_path))
+
+
+def test_cifar10_batch_without_data_key_names_the_file(tmp_path):
+    folder, _ = write_cifar(str(tmp_path))
+    with open(os.path.join(folder, "data_batch_3"), "wb") as out:
+        pickle.dump({"labels": [1, 2]}, out)
+    with pytest.raises(DataError, match=r"data_batch_3 is not a valid CIFAR-10 file"):
+        load_dataset("cifar10", str(tmp_path))
+
+
+# ---------------------------------------------------------------- imagenet
+
+def test_imagenet_reads_class_folders(tmp_path):
+    write_imagenet(str(tmp_path))
+    splits = load_dataset("imagenet", str(tmp_path), image_size=32)
+    assert splits.num_classes == 3 and splits.input_shape == (3, 32, 32)
+    assert len(splits.train) == 6 and len(splits.test) == 3
+    assert splits.train.classes == ["cat", "dog", "fish"]
+    assert [int(splits.train[i][1]) for i in range(6)] == [0, 0, 1, 1, 2, 2]
+    image, label = splits.test[2]
+    assert int(label) == 2 and image.shape == (3, 32, 32) and image.dtype == torch.float32
+    for channel, value in enumerate(COLOURS["fish"]):
+        expected = (value / 255.0 - IMAGENET_MEAN[channel]) / IMAGENET_STD[channel]
+        assert torch.allclose(image[channel], torch.full((32, 32), expected), atol=1e-5)
+    assert pickle.loads(pickle.dumps(splits.train))[3][0].shape == (3, 32, 32)
+
+
+def test_imagenet_default_size_is_224(tmp_path):
+    write_imagenet(str(tmp_path), train_per_class=1)
+    splits = load_dataset("imagenet", str(tmp_path))
+    assert splits.input_shape == (3, 224, 224) and splits.train[0][0].shape == (3, 224, 224)
+
+
+def test_imagenet_val_classes_must_match_train(tmp_path):
+    write_imagenet(str(tmp_path))
+    os.rename(tmp_path / "val" / "fish", tmp_path / "val" / "bird")
+    with pytest.raises(DataError, match=r"only in train: fish; only in val: bird"):
+        load_dataset("imagenet", str(tmp_path))
+
+
+def test_imagenet_missing_val_folder(tmp_path):
+    write_imagenet(str(tmp_path))
+    for name in os.listdir(tmp_path / "val"):
+        for image in os.listdir(tmp_path / "val" / name):
+            os.remove(tmp_path / "val" / name / image)
+        os.rmdir(tmp_path / "val" / name)
+    os.rmdir(tmp_path / "val")
+    with pytest.raises(DataError, match=r"ImageNet folder .*val is missing"):
+        load_dataset("imagenet", str(tmp_path))
+
+
+def test_imagenet_empty_folder_names_train(tmp_path):
+    with pytest.raises(DataError, match=r"ImageNet folder .*train is missing"):
+        load_dataset("imagenet", str(tmp_path))
+
+
+def test_imagenet_class_folder_without_images(tmp_path):
+    write_imagenet(str(tmp_path))
+    os.makedirs(tmp_path / "train" / "zebra")
+    os.makedirs(tmp_path / "val" / "zebra")
+    with pytest.raises(DataError, match=r"no images found under .*train"):
+        load_dataset("imagenet", str(tmp_path))
+
+
+def test_imagenet_unreadable_image_names_the_file(tmp_path):
+    write_imagenet(str(tmp_path))
+    bad = tmp_path / "val" / "dog" / "dog_0.png"
+    bad.write_bytes(b"not a png")
+    splits = load_dataset("imagenet", str(tmp_path), image_size=8)
+    with pytest.raises(DataError, match=r"dog_0.png is not a readable image"):
+        splits.test[1]
+
+
+# ---------------------------------------------------------------- argument errors
+
+def test_unknown_dataset_lists_choices():
+    with pytest.raises(DataError, match=r"^unknown dataset 'foo'; choose one of: "
+                                        r"digits, synthetic, mnist, cifar10, imagenet$"):
+        load_dataset("foo")
+    assert DATASETS == ("digits", "synthetic", "mnist", "cifar10", "imagenet")
+
+
+@pytest.mark.parametrize("name,hint", [("mnist", "train-images-idx3-ubyte"),
+                                       ("cifar10", "cifar-10-batches-py"),
+                                       ("imagenet", "train/<class>/")])
+def test_file_datasets_need_data_dir(name, hint):
+    with pytest.raises(DataError) as caught:
+        load_dataset(name)
+    message = str(caught.value)
+    assert message.startswith(f"dataset '{name}' needs --data-dir pointing at")
+    assert hint in message and "digits and synthetic need no files" in message
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "imagenet"])
+def test_nonexistent_data_dir_is_named(tmp_path, name):
+    missing = str(tmp_path / "no-such-folder")
+    with pytest.raises(DataError, match=f"data directory {missing} does not exist"):
+        load_dataset(name, missing)
+
+
+@pytest.mark.parametrize("kwargs,text", [
+    ({"image_size": 0}, "image_size must be a positive integer, got 0"),
+    ({"image_size": -8}, "image_size must be a positive integer, got -8"),
+    ({"image_size": 8.5}, "image_size must be a positive integer, got 8.5"),
+    ({"synthetic_samples": 0}, "synthetic_samples must be an integer of at least 4 .*got 0"),
+    ({"synthetic_samples": -5}, "synthetic_samples must be an integer of at least 4 .*got -5"),
+])
+def test_bad_sizes_are_named(kwargs, text):
+    with pytest.raises(DataError, match=text):
+        load_dataset("synthetic", **kwargs)
+
+
+def test_data_error_is_a_value_error():
+    assert issubclass(DataError, ValueError)

@@ -1,0 +1,112 @@
+"""The ssgd strategy over the in-process loopback transport (threads as workers), against hand math."""
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hvd_async import DistributedOptimizer
+from hvd_async.transport import LoopbackGroup, ReduceOp
+
+WORKERS, STEPS, LR = 3, 4, 0.1
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Linear(5, 3)
+
+
+def _data(worker, step):
+    g = torch.Generator().manual_seed(100 * worker + step)
+    return torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _run_workers(target):
+    errors = []
+
+    def wrap(rank):
+        try:
+            target(rank)
+        except BaseException as exc:  # surface worker failures in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(r,)) for r in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    if errors:
+        raise errors[0]
+
+
+def test_loopback_allreduce_average_and_sum():
+    group = LoopbackGroup(3)
+    out = {}
+
+    def work(rank):
+        t = group.transport(rank)
+        a = torch.tensor([float(rank), 1.0])
+        out[("avg", rank)] = t.allreduce_(a.clone(), name="x", op=ReduceOp.AVERAGE)
+        out[("sum", rank)] = t.allreduce_(a.clone(), name="x", op=ReduceOp.SUM)
+        out[("bc", rank)] = t.broadcast_(a.clone(), root=2, name="b")
+        out[("ag", rank)] = t.allgather_object(rank * 10)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(3)]
+    [t.start() for t in threads]
+    [t.join(10) for t in threads]
+    for r in range(3):
+        assert out[("avg", r)].tolist() == [1.0, 1.0]
+        assert out[("sum", r)].tolist() == [3.0, 3.0]
+        assert out[("bc", r)].tolist() == [2.0, 1.0]
+        assert out[("ag", r)] == [0, 10, 20]
+
+
+def test_loopback_times_out_instead_of_hanging():
+    t = LoopbackGroup(2, timeout=0.2).transport(0)
+    with pytest.raises(TimeoutError, match=r"waited 0.2 s for worker\(s\) \[1\]"):
+        t.allreduce_(torch.ones(1), name="lonely", op=ReduceOp.SUM)
+
+
+def test_transport_use_after_close_raises():
+    t = LoopbackGroup(1).transport(0)
+    t.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        t.allreduce_(torch.ones(1), name="x")
+
+
+def test_ssgd_equals_hand_computed_average_sgd():
+    group = LoopbackGroup(WORKERS)
+    finals = {}
+    models = [_model() for _ in range(WORKERS)]  # seeded here: the global RNG is not thread-safe
+
+    def worker(rank):
+        model = models[rank]
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(), algorithm="ssgd",
+                                   transport=group.transport(rank))
+        for step in range(STEPS):
+            x, y = _data(rank, step)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        finals[rank] = [p.detach().clone() for p in model.parameters()]
+
+    _run_workers(worker)
+
+    # Reference: one model, w <- w - lr * mean over workers of each worker's gradient at w.
+    ref = _model()
+    for step in range(STEPS):
+        grads = []
+        for rank in range(WORKERS):
+            ref.zero_grad()
+            x, y = _data(rank, step)
+            F.cross_entropy(ref(x), y).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        with torch.no_grad():
+            for i, p in enumerate(ref.parameters()):
+                p -= LR * sum(g[i] for g in grads) / WORKERS
+    for rank in range(WORKERS):
+        for got, want in zip(finals[rank], ref.parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,82 @@
+"""DistributedOptimizer in one process: argument checks, forwarding to the wrapped optimizer, state_dict."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hvd_async import DistributedOptimizer
+from hvd_async.transport import LoopbackGroup
+
+
+def _setup(**options):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters(),
+                               transport=LoopbackGroup(1).transport(0), **options)
+    return model, opt
+
+
+def _step(model, opt):
+    opt.zero_grad()
+    F.cross_entropy(model(torch.randn(3, 4)), torch.tensor([0, 1, 0])).backward()
+    opt.step()
+
+
+def test_forwards_param_groups_and_works_with_lr_scheduler():
+    model, opt = _setup()
+    assert opt.param_groups is opt.optimizer.param_groups
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    _step(model, opt)
+    sched.step()
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_state_dict_round_trip_includes_strategy_state():
+    model, opt = _setup()
+    for _ in range(3):
+        _step(model, opt)
+    state = opt.state_dict()
+    assert state["algorithm"] == "ssgd" and state["strategy"]["steps"] == 3
+    assert state["optimizer"]["state"], "momentum buffers missing"
+    model2, opt2 = _setup()
+    opt2.load_state_dict(state)
+    assert opt2.strategy.steps == 3
+    buf = opt2.optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(buf, state["optimizer"]["state"][0]["momentum_buffer"])
+    with pytest.raises(ValueError, match="not a hvd_async.DistributedOptimizer state_dict"):
+        opt2.load_state_dict(opt2.optimizer.state_dict())
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"algorithm": "sgd"}, ValueError, "unknown algorithm 'sgd'; choose one of: ssgd"),
+    ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be an integer >= 1, got 0"),
+    ({"compression": "int4"}, ValueError, "compression must be 'none', 'fp16'"),
+    ({"op": "max"}, ValueError, "op must be 'average' or 'sum'"),
+    ({"lam": 0.1}, TypeError, "unknown option\\(s\\) 'lam' for algorithm 'ssgd'; accepted: backward_passes_per_step"),
+])
+def test_bad_options_say_what_is_accepted(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _setup(**kwargs)
+
+
+def test_rejects_non_optimizer_and_unnamed_parameters():
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="must be a torch.optim.Optimizer"):
+        DistributedOptimizer(model, transport=LoopbackGroup(1).transport(0))
+    extra = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD(list(model.parameters()) + [extra], lr=0.1)
+    with pytest.raises(ValueError, match="does not name 1 of the optimizer's parameters"):
+        DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                             transport=LoopbackGroup(1).transport(0))
+    dup = [("w", p) for p in model.parameters()]
+    with pytest.raises(ValueError, match="parameter names must be unique; duplicated: w"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=dup,
+                             transport=LoopbackGroup(1).transport(0))
+
+
+def test_needs_init_without_explicit_transport():
+    model = nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match=r"call hvd_async.init\(\) first"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                             named_parameters=model.named_parameters())
