@@ -15,9 +15,9 @@ cache=${HVD_ASYNC_CACHE:-$HOME/.cache/hvd_async}
 python=${PYTHON:-python3}
 log() { echo "[setup] $*"; }
 
-# 1. OpenMPI (and iproute2 for the multi-host test cluster)
+# 1. OpenMPI, the compilers Horovod builds with, iproute2 (for the multi-host test cluster)
 need=()
-for pkg in openmpi-bin libopenmpi-dev iproute2; do
+for pkg in openmpi-bin libopenmpi-dev iproute2 cmake g++ make; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
