@@ -11,9 +11,9 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 
 from . import registry
+from .data import DATASETS
+from .models import MODELS
 
-DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagenet")  # hvd_async.data.DATASETS
-MODELS = ("mlp", "cnn", "resnet18", "resnet50")                     # hvd_async.models.MODELS
 FILE_DATASETS = ("mnist", "cifar10", "imagenet")
 
 

@@ -6,6 +6,7 @@ over the workers' communicator only, so server ranks never join an allreduce.
 """
 import atexit
 import logging
+import os
 import numbers
 from enum import Enum
 from typing import List, Optional
@@ -60,6 +61,12 @@ def init(servers: int = 0) -> None:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD.size
+    launched = os.environ.get("HOROVOD_SIZE")
+    if launched and launched.isdigit() and int(launched) != world:
+        raise RuntimeError(
+            f"this process sees {world} MPI process(es) but horovodrun started {launched}: it launched "
+            f"with Gloo, and hvd_async needs MPI (its parameter servers use MPI windows); use "
+            f"'horovodrun --mpi' or mpirun")
     if servers >= world:
         raise ValueError(
             f"servers={servers} leaves no worker: the job has {world} MPI process(es) in all; "

@@ -18,7 +18,8 @@ log() { echo "[setup] $*"; }
 # 1. OpenMPI, the compilers Horovod builds with, iproute2 (for the multi-host test cluster)
 need=()
 for pkg in openmpi-bin libopenmpi-dev iproute2 cmake g++ make; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  # "install ok installed" only: a removed package keeps its config files and still answers dpkg -s
+  [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] || need+=("$pkg")
 done
 if ((${#need[@]})); then
   log "installing ${need[*]} from Debian"

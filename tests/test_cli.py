@@ -104,3 +104,10 @@ def test_yaml_config_drives_the_job(tmp_path):
     assert result.returncode == 0, result.out[-4000:]
     record = json.loads(metrics.read_text())
     assert (record["workers"], record["epochs"], record["batch_size"]) == (2, 1, 64)
+
+
+def test_init_refuses_a_gloo_launch():
+    # horovodrun without --mpi starts every process as its own MPI world of 1, with HOROVOD_SIZE set
+    result = run(python("-c", "import hvd_async as ha; ha.init()"), timeout=60, env={"HOROVOD_SIZE": "3"})
+    assert result.returncode != 0
+    assert "horovodrun started 3: it launched with Gloo" in result.out and "horovodrun --mpi" in result.out
