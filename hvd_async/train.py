@@ -45,17 +45,14 @@ class _Pacer:
 def _evaluate(model, dataset, rank: int, size: int, comm) -> float:
     """Accuracy over the whole test split, each worker taking every size-th sample."""
     import torch
+    from torch.utils.data import DataLoader, Subset
 
     model.eval()
     correct = total = 0
     with torch.no_grad():
-        idx = list(range(rank, len(dataset), size))
-        for start in range(0, len(idx), 512):
-            batch = [dataset[i] for i in idx[start:start + 512]]
-            x = torch.stack([b[0] for b in batch])
-            y = torch.as_tensor([int(b[1]) for b in batch])
+        for x, y in DataLoader(Subset(dataset, range(rank, len(dataset), size)), batch_size=512):
             correct += int((model(x).argmax(1) == y).sum())
-            total += len(batch)
+            total += len(y)
     model.train()
     correct, total = comm.allreduce(np.array([correct, total], dtype=np.int64))
     return int(correct) / max(1, int(total))

@@ -11,7 +11,7 @@
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's GPU collectives (GPU clusters)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cache=${HVD_ASYNC_CACHE:-$HOME/.cache/hvd_async}
+cache=${HVD_ASYNC_CACHE:-${HOME:-/root}/.cache/hvd_async}
 python=${PYTHON:-python3}
 log() { echo "[setup] $*"; }
 
