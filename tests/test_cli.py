@@ -1,6 +1,6 @@
 """The hvd-async command and the training job as a user runs them: results, files, and errors."""
 import json
-import os
+import re
 
 import pytest
 
@@ -111,3 +111,34 @@ def test_init_refuses_a_gloo_launch():
     result = run(python("-c", "import hvd_async as ha; ha.init()"), timeout=60, env={"HOROVOD_SIZE": "3"})
     assert result.returncode != 0
     assert "horovodrun started 3: it launched with Gloo" in result.out and "horovodrun --mpi" in result.out
+
+
+def test_quickstart_example_runs(tmp_path):
+    result = mpirun(2, python("examples/quickstart.py"), timeout=180)
+    assert result.returncode == 0, result.out[-4000:]
+    # ranks print concurrently: their lines may interleave, so match anywhere in the output
+    found = dict(re.findall(r"worker (\d) of 2: training accuracy ([0-9]\.[0-9]{3})", result.out))
+    assert sorted(found) == ["0", "1"], result.out[-2000:]
+    assert min(map(float, found.values())) > 0.9, found
+
+
+def test_job_trains_on_mnist_files_in_a_data_dir(tmp_path):
+    from datafiles import write_mnist
+
+    write_mnist(str(tmp_path / "MNIST" / "raw"), n_train=64, n_test=16)
+    metrics = tmp_path / "m.json"
+    result = run(CLI + ["train", "--np", "2", "--dataset", "mnist", "--data-dir", str(tmp_path),
+                        "--model", "cnn", "--epochs", "1", "--batch-size", "16",
+                        "--metrics-out", str(metrics)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    assert record["dataset"] == "mnist" and record["steps"] == 2  # 64 samples / 2 workers / 16
+
+
+def test_job_with_resnet18_on_synthetic_images(tmp_path):
+    metrics = tmp_path / "m.json"
+    result = run(CLI + ["train", "--np", "2", "--dataset", "synthetic", "--image-size", "8",
+                        "--model", "resnet18", "--epochs", "1", "--batch-size", "128",
+                        "--metrics-out", str(metrics)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    assert json.loads(metrics.read_text())["model"] == "resnet18"

@@ -1,7 +1,5 @@
 """Multi-process tests: the tests/mpi suite and the role checks under mpirun at 1, 2 and 4 ranks,
 with shared memory on and off, each with a timeout and no process left behind."""
-import json
-import os
 
 import pytest
 

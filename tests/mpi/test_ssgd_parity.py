@@ -62,9 +62,14 @@ def test_parameters_equal_plain_horovod(case):
     _train(ours, our_model, batches, passes)
     ours.close()
 
+    # Horovod's tensor fusion groups whichever gradients are ready in the same cycle, so the fused
+    # message sizes (hence MPI's reduction algorithm and summation order) vary from run to run, for
+    # plain Horovod against itself too. Usually the results are equal to the bit; the stated
+    # tolerances cover the last-bit differences (fp16 sums round at every step). A real difference,
+    # e.g. a missing average over 2 workers, moves parameters by about 1e-2.
+    rtol, atol = (1e-3, 1e-4) if case == "fp16" else (1e-5, 1e-6)
     for (name, a), b, start in zip(ref_model.named_parameters(), our_model.parameters(), initial):
-        # Same allreduce, same summation order: equal to the bit, not just close.
-        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"{case}: {name} differs from Horovod's")
+        torch.testing.assert_close(b, a, rtol=rtol, atol=atol, msg=f"{case}: {name} differs from Horovod's")
         assert not torch.equal(b, start), f"{name} never changed"
     assert _all_ranks_equal(our_model), "ssgd replicas diverged across workers"
 
