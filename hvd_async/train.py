@@ -101,7 +101,7 @@ def train_worker(args) -> dict:
         bar = tqdm(total=args.epochs * len(loader), desc=f"{args.algo} x{workers}", unit="step",
                    file=sys.stderr, dynamic_ncols=True)
     steps = samples = 0
-    train_seconds = 0.0
+    train_seconds = wait_total = 0.0
     loss_sum = torch.zeros(())
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)
@@ -114,7 +114,7 @@ def train_worker(args) -> dict:
             opt.zero_grad()
             loss.backward()
             t1 = time.perf_counter()
-            opt.step()
+            opt.step()  # time in here: waiting for the exchange, then the local update
             t2 = time.perf_counter()
             pacer.last_work = t1 - t0
             wait += t2 - t1
@@ -131,23 +131,28 @@ def train_worker(args) -> dict:
         rates = comm.gather(epoch_samples / epoch_seconds, root=0)
         accuracy = _evaluate(model, splits.test, rank, workers, comm)
         wait_ms = 1000.0 * wait / max(1, len(loader))
+        wait_total += wait
         if reporter:
             entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
                                   worker_samples_per_second=rates, exchange_wait_ms=wait_ms)
             line = (f"epoch {epoch}/{args.epochs}  train loss {train_loss:.4f}  test accuracy "
                     f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s")
-            (bar.write(line) if bar is not None else _say(line))
+            if bar is not None:
+                bar.write(line)
+            else:
+                _say(line)
     if bar is not None:
         bar.close()
     total_samples = comm.allreduce(samples)
     train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
     stats = opt.stats()
     opt.close()
+    final_accuracy = metrics.history[-1]["test_accuracy"] if reporter else None
     return metrics.finish(
-        args.metrics_out, steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"]
-        if reporter else None, final_train_loss=train_loss, wall_seconds=round(metrics.elapsed(), 4),
-        train_seconds=round(train_seconds, 4),
+        args.metrics_out, steps=steps, final_test_accuracy=final_accuracy, final_train_loss=train_loss,
+        wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4),
         samples_per_second=total_samples / max(train_seconds, 1e-9),
+        step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
         staleness_mean=stats["staleness_mean"], staleness_max=stats["staleness_max"])
 
 
