@@ -29,10 +29,8 @@ def _train(argv: List[str]) -> int:
     job_argv = [a for a in job_argv if not a.startswith("--mpi-args=")]
     if "--np" not in job_argv and not any(a.startswith("--np=") for a in job_argv):
         job_argv += ["--np", str(args.np)]
-    env = {}
-    if sys.stderr.isatty() and args.progress == "auto":
-        env["HVD_ASYNC_PROGRESS"] = "1"
-    os.environ.update(env)
+    if sys.stderr.isatty() and args.progress == "auto":  # ranks' output is piped: tell them
+        os.environ["HVD_ASYNC_PROGRESS"] = "1"
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
         cmd = launcher.mpirun_command(args.np, launcher.python_module("hvd_async.train", job_argv),

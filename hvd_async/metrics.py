@@ -26,10 +26,6 @@ class RunMetrics:
         if self.writer is not None:
             self.writer.add_scalar(tag, value, step)
 
-    def histogram(self, tag: str, values, step: int) -> None:
-        if self.writer is not None and len(values):
-            self.writer.add_histogram(tag, values, step)
-
     def epoch(self, epoch: int, *, test_accuracy: float, train_loss: float,
               worker_samples_per_second: List[float], exchange_wait_ms: float) -> Dict:
         entry = {"epoch": epoch, "wall_seconds": round(self.elapsed(), 4),

@@ -6,11 +6,10 @@ below probes for control messages every ``poll_interval`` seconds and runs each 
 *poller* (a callable doing a bounded slice of server-side work, e.g. draining a mailbox and applying
 a rule) in between. Algorithms that need server-side work register pollers with :func:`add_poller`.
 """
-import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List
+from typing import Callable, List
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +30,6 @@ class ServerReport:
     workers_done: List[int] = field(default_factory=list)  # world ranks, in the order they finished
     loop_turns: int = 0
     wall_seconds: float = 0.0
-    updates_applied: int = 0
-    staleness_histogram: Dict[int, int] = field(default_factory=collections.Counter)
 
 
 def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005) -> ServerReport:
