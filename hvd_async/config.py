@@ -11,10 +11,8 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 
 from . import registry
-from .data import DATASETS
+from .data import DATASETS, FILE_DATASETS
 from .models import MODELS
-
-FILE_DATASETS = ("mnist", "cifar10", "imagenet")
 
 
 class ConfigError(ValueError):

@@ -27,6 +27,8 @@ from torchvision import transforms
 from torchvision.datasets import CIFAR10, MNIST, ImageFolder
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
+from .checks import is_int_at_least
+
 DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagenet")
 
 NUM_SYNTHETIC_CLASSES = 10
@@ -45,11 +47,12 @@ CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-_NEEDS = {
+_NEEDS = {  # what each dataset read from files needs in --data-dir
     "mnist": "a folder with the MNIST files (train-images-idx3-ubyte, ...)",
     "cifar10": f"a folder holding {CIFAR10_FOLDER}/ (data_batch_1, ..., test_batch, batches.meta)",
     "imagenet": "an ImageNet-style folder with train/<class>/ and val/<class>/ image folders",
 }
+FILE_DATASETS = tuple(_NEEDS)
 
 
 class DataError(ValueError):
@@ -103,12 +106,12 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
     """Load dataset ``name``; see the module docstring for what each one needs."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    if image_size is not None and not _positive_int(image_size):
+    if image_size is not None and not is_int_at_least(image_size, 1):
         raise DataError(f"image_size must be a positive integer, got {image_size!r}")
     if name == "digits":
         return _digits(seed)
     if name == "synthetic":
-        if not _positive_int(synthetic_samples) or synthetic_samples < 4:
+        if not is_int_at_least(synthetic_samples, 4):
             raise DataError(f"synthetic_samples must be an integer of at least 4 "
                             f"(a quarter of it makes the test split), got {synthetic_samples!r}")
         return _synthetic(seed, image_size or 32, synthetic_samples)
@@ -121,10 +124,6 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
                         f"point --data-dir at {_NEEDS[name]}")
     loader = {"mnist": _mnist, "cifar10": _cifar10, "imagenet": _imagenet}[name]
     return loader(data_dir, image_size)
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _digits(seed: int) -> DataSplits:

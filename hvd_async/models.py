@@ -16,6 +16,8 @@ from typing import Tuple
 from torch import nn
 from torchvision.models import resnet18, resnet50
 
+from .checks import is_int_at_least
+
 MODELS = ("mlp", "cnn", "resnet18", "resnet50")
 
 # Inputs at most this high get the small-image ResNet stem.
@@ -31,10 +33,10 @@ def build_model(name: str, input_shape: Tuple[int, int, int], num_classes: int) 
     if name not in MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
     if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3
-            and all(_positive_int(v) for v in input_shape)):
+            and all(is_int_at_least(v, 1) for v in input_shape)):
         raise ModelError(f"input_shape must be 3 positive integers (channels, height, width), "
                          f"got {input_shape!r}")
-    if not _positive_int(num_classes) or num_classes < 2:
+    if not is_int_at_least(num_classes, 2):
         raise ModelError(f"num_classes must be an integer of at least 2, got {num_classes!r}")
     channels, height, width = (int(v) for v in input_shape)
     if name == "mlp":
@@ -58,10 +60,6 @@ def build_model(name: str, input_shape: Tuple[int, int, int], num_classes: int) 
             nn.Linear(128, num_classes),
         )
     return _resnet(name, channels, height, num_classes)
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _resnet(name: str, channels: int, height: int, num_classes: int) -> nn.Module:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..checks import is_int_at_least
 from ..transport.base import ReduceOp
 from .base import Strategy
 
@@ -40,7 +41,7 @@ class SSGDOptions:
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
-        if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
+        if not is_int_at_least(bpps, 1):
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {bpps!r}")
         self.compression = _compression(self.compression)
         self.op = ReduceOp.parse(self.op)
