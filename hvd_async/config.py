@@ -67,6 +67,15 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                    help="ssgd: backward passes accumulated locally per step")
     p.add_argument("--fp16-allreduce", action="store_true", default=d(False),
                    help="ssgd: compress gradients to fp16 for the allreduce")
+    p.add_argument("--pull-every", type=int, default=d(1),
+                   help="asgd: pull the global weights every k steps")
+    p.add_argument("--lam", type=float, default=d(0.04),
+                   help="dc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive")
+    p.add_argument("--dc-adaptive", action="store_true", default=d(False),
+                   help="dc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)")
+    p.add_argument("--softsync-n", type=int, default=d(None), metavar="N",
+                   help="softsync: apply an update per floor(workers/N) gradients, N in 1..workers "
+                        "(default: workers)")
     p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
                    help="progress display on the reporting worker (auto: a bar on a terminal)")
     if launcher:
@@ -143,12 +152,12 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:
             raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size", "backward_passes_per_step"):
+    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
-    for name in ("momentum", "weight_decay", "compute_ms"):
+    for name in ("momentum", "weight_decay", "compute_ms", "lam"):
         if not getattr(args, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.image_size is not None and args.image_size < 1:
@@ -172,6 +181,10 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     if row.uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
     args.workers = None if total is None else total - args.servers
+    if args.softsync_n is not None and not (
+            1 <= args.softsync_n <= (args.workers if args.workers is not None else args.softsync_n)):
+        raise ConfigError(f"--softsync-n {args.softsync_n} must be between 1 and the number of workers "
+                          f"({args.workers})")
     args.stragglers = parse_stragglers(args.straggler)
     for worker in args.stragglers:
         if args.workers is not None and not 0 <= worker < args.workers:
@@ -192,4 +205,10 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
     if args.algo == "ssgd":
         return {"backward_passes_per_step": args.backward_passes_per_step,
                 "compression": "fp16" if args.fp16_allreduce else "none"}
+    if args.algo == "asgd":
+        return {"pull_every": args.pull_every}
+    if args.algo == "dc-asgd":
+        return {"lam": args.lam, "adaptive": args.dc_adaptive}
+    if args.algo == "softsync":
+        return {"n": args.softsync_n}
     return {}

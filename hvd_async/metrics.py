@@ -39,6 +39,21 @@ class RunMetrics:
         self.scalar("time/exchange_wait_ms_per_step", exchange_wait_ms, epoch)
         return entry
 
+    def staleness_histogram(self, counts, before, epoch: int) -> None:
+        """TensorBoard histogram ``staleness`` of the pushes applied during this epoch."""
+        if self.writer is None:
+            return
+        import numpy as np
+
+        now = np.zeros(max(len(counts), len(before)), dtype=np.int64)
+        now[:len(counts)] += counts
+        now[:len(before)] -= before
+        taus = np.arange(len(now), dtype=np.float64)
+        self.writer.add_histogram_raw(
+            "staleness", min=0.0, max=float(taus[now > 0].max()), num=int(now.sum()),
+            sum=float((taus * now).sum()), sum_squares=float((taus * taus * now).sum()),
+            bucket_limits=(taus + 0.5).tolist(), bucket_counts=now.tolist(), global_step=epoch)
+
     def finish(self, path: Optional[str], **final) -> Dict:
         record = dict(self.info)
         record.update(final)

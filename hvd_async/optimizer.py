@@ -30,10 +30,10 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
     return [(name, p) for name, p in named if id(p) in in_optimizer]
 
 
-def _check_same_model(named, transport) -> None:
+def _check_same_model(named, allgather) -> None:
     """Every worker must hold the same parameters (names, shapes, dtypes); fail on all of them if not."""
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
-    everyone = transport.allgather_object(mine)
+    everyone = allgather(mine)
     reference = everyone[0]
     for worker, theirs in enumerate(everyone[1:], start=1):
         for i, (a, b) in enumerate(zip(reference, theirs)):
@@ -59,9 +59,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         algorithm: one of :data:`hvd_async.ALGORITHMS` (``hvd_async.registry.built()`` lists those
             that run now).
         transport: the transport to use; by default the algorithm's own over this job's workers
-            (Horovod collectives for ssgd). Tests pass a loopback transport.
-        **options: the algorithm's keyword options (for ssgd: ``backward_passes_per_step``,
-            ``compression``, ``op``), checked here with errors that say what is accepted.
+            (Horovod collectives for ssgd, MPI windows on the servers for the parameter-server
+            algorithms). Tests pass a loopback transport.
+        **options: the algorithm's keyword options, checked here with errors that say what is
+            accepted: ssgd ``backward_passes_per_step``, ``compression``, ``op``; asgd
+            ``pull_every``; dc-asgd ``lam``, ``adaptive``, ``ms_momentum``; softsync ``n``,
+            ``staleness_lr``.
 
     Example::
 
@@ -83,11 +86,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         parsed = parse_options(strategy_cls.Options, algorithm, options)
         named = _named_parameters(optimizer, named_parameters)
         if transport is None:
-            runtime._worker_runtime("DistributedOptimizer")
-            from .transport.horovod import HorovodTransport
-
-            transport = HorovodTransport()
-        _check_same_model(named, transport)
+            _check_same_model(named, runtime._worker_runtime("DistributedOptimizer").group.allgather)
+            transport = strategy_cls.make_transport(named, parsed)
+        else:
+            _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm
         self.strategy = strategy_cls(optimizer, named, transport, parsed)
@@ -131,6 +133,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def stats(self) -> Dict[str, float]:
         """Staleness and exchange statistics of the algorithm so far."""
         return self.strategy.stats()
+
+    def progress(self) -> int:
+        """Updates made by all workers together so far, as this worker last saw it (the
+        parameter-server algorithms count pushes; ssgd counts steps times workers)."""
+        return self.strategy.progress()
 
     def state_dict(self) -> Dict[str, Any]:
         """The wrapped optimizer's state plus the algorithm's own (so a checkpoint resumes both)."""

@@ -29,6 +29,8 @@ class _Runtime:
         self.servers = servers
         self.role = Role.SERVER if self.world.rank < servers else Role.WORKER
         self.ctrl = self.world.Dup()  # control messages (done, ...) apart from user traffic
+        self.win_comm = self.world.Dup()  # parent of each window transport's own communicator
+        self.transports = []  # open WindowTransports of this worker, closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.finished = False
 
@@ -159,17 +161,29 @@ def serve(*, poll_interval: float = 0.0005) -> server.ServerReport:
     rt = _runtime()
     if rt.role is not Role.SERVER:
         raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
-    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval)
+    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, win_comm=rt.win_comm)
     rt.finished = True
     return report
 
 
+def _register_transport(transport) -> None:
+    _runtime().transports.append(transport)
+
+
+def _unregister_transport(transport) -> None:
+    if _rt is not None and transport in _rt.transports:
+        _rt.transports.remove(transport)
+
+
 def shutdown() -> None:
-    """Tell every server this worker has finished (idempotent; also runs at interpreter exit)."""
+    """Close this worker's open window transports and tell every server it has finished
+    (idempotent; also runs at interpreter exit)."""
     rt = _rt
     if rt is None or rt.finished:
         return
     rt.finished = True
     if rt.role is Role.WORKER:
+        for transport in list(rt.transports):
+            transport.close()
         for dest in server_ranks():
             rt.ctrl.send(None, dest=dest, tag=server.TAG_DONE)

@@ -1,10 +1,14 @@
-"""The server ranks' loop: keeps MPI progressing, runs registered server-side work, ends when all workers say done.
+"""The server ranks' loop: keeps MPI progressing, hosts window shards, ends when all workers say done.
 
 Across nodes a passive-target one-sided call waits until its target rank calls into MPI (see
-ENVIRONMENT.md), so a server must never sit in pure computation or ``time.sleep`` for long: the loop
-below probes for control messages every ``poll_interval`` seconds and runs each registered
-*poller* (a callable doing a bounded slice of server-side work, e.g. draining a mailbox and applying
-a rule) in between. Algorithms that need server-side work register pollers with :func:`add_poller`.
+ENVIRONMENT.md), so a server never sits in long computation or a long ``time.sleep``: each turn of
+the loop probes the control channel, lets every open shard handle its waiting requests (a bounded
+number each), and sleeps ``poll_interval`` only when nothing was waiting.
+
+When worker 0 opens a :class:`~hvd_async.transport.window.WindowTransport` it sends the servers a
+``WindowSpec``; each server then joins the collective window creation and hosts its shard with the
+server program of that algorithm (``server_program`` of its strategy class) until every worker
+has closed the transport.
 """
 import logging
 import time
@@ -30,27 +34,63 @@ class ServerReport:
     workers_done: List[int] = field(default_factory=list)  # world ranks, in the order they finished
     loop_turns: int = 0
     wall_seconds: float = 0.0
+    shards: List = field(default_factory=list)  # ShardStats of every transport this rank hosted
 
 
-def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005) -> ServerReport:
+def _open_shard(ctrl, win_comm, source: int):
+    from . import registry
+    from .transport.window import ShardHost, TAG_OPEN
+
+    spec = ctrl.recv(source=source, tag=TAG_OPEN)
+    comm = win_comm.Dup()
+    program = registry.strategy_class(spec.algorithm).server_program
+    host = ShardHost(comm, spec, ctrl.rank, program)
+    logger.info("hosting shard %d of %s: %d of %d parameters, %d workers", ctrl.rank, spec.algorithm,
+                host.numel, spec.numel, spec.workers)
+    return host
+
+
+def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, win_comm=None) -> ServerReport:
     """Serve until every world rank in ``workers`` has sent ``TAG_DONE`` on communicator ``ctrl``."""
     from mpi4py import MPI
+
+    from .transport.window import TAG_OPEN
 
     report = ServerReport()
     start = time.perf_counter()
     waiting = set(workers)
+    hosts = []
     status = MPI.Status()
-    while waiting:
+    while waiting or hosts:
         report.loop_turns += 1
         for poller in _pollers:
             poller()
-        if ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_DONE, status=status):
-            source = status.Get_source()
-            ctrl.recv(source=source, tag=TAG_DONE)
-            waiting.discard(source)
-            report.workers_done.append(source)
-            logger.info("worker at world rank %d finished; %d still running", source, len(waiting))
-        else:
+        busy = False
+        for host in list(hosts):
+            busy = host.poll() > 0 or busy
+            if host.all_closed:
+                stats = host.close()
+                hosts.remove(host)
+                report.shards.append(stats)
+                logger.info("shard %d of %s closed: %d updates from %d pushes, mean staleness %.2f, "
+                            "%d non-finite pushes skipped", stats.shard, stats.algorithm, stats.updates,
+                            stats.pushes, stats.staleness_mean, stats.skipped_nonfinite)
+        if ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            busy = True
+            source, tag = status.Get_source(), status.Get_tag()
+            if tag == TAG_OPEN:
+                hosts.append(_open_shard(ctrl, win_comm, source))
+            elif tag == TAG_DONE:
+                ctrl.recv(source=source, tag=TAG_DONE)
+                waiting.discard(source)
+                report.workers_done.append(source)
+                logger.info("worker at world rank %d finished; %d still running", source, len(waiting))
+                if not waiting and hosts:
+                    raise RuntimeError("every worker finished but a window transport is still open; "
+                                       "workers must close() their optimizers (shutdown does it)")
+            else:
+                raise RuntimeError(f"server: unexpected control message tag {tag} from rank {source}")
+        if not busy:
             time.sleep(poll_interval)
     report.wall_seconds = time.perf_counter() - start
     return report

@@ -58,15 +58,28 @@ def _evaluate(model, dataset, rank: int, size: int, comm) -> float:
     return int(correct) / max(1, int(total))
 
 
+def _endless(loader):
+    while True:
+        yield from loader
+
+
+def _staleness_counts(stats: dict, comm) -> np.ndarray:
+    """All workers' staleness histograms summed (count of pushes by staleness 0, 1, ...)."""
+    mine = np.asarray(stats.get("staleness_hist", [0]), dtype=np.int64)
+    counts = comm.allreduce(mine)
+    nonzero = np.nonzero(counts)[0]
+    return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
+
+
 def train_worker(args) -> dict:
     """One worker's training loop; returns the metrics record (complete on worker 0)."""
     import torch
     import torch.nn.functional as F
     from mpi4py import MPI
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
     import hvd_async as ha
-    from . import data, models
+    from . import data, models, registry
     from .config import algorithm_options
     from .metrics import RunMetrics
 
@@ -83,8 +96,21 @@ def train_worker(args) -> dict:
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                         weight_decay=args.weight_decay),
         named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
-    sampler = DistributedSampler(splits.train, num_replicas=workers, rank=rank, shuffle=True, seed=args.seed)
+    uses_servers = registry.get(args.algo).uses_servers
+    global_steps = -(-len(splits.train) // args.batch_size)  # batches in one pass over the data
+    if uses_servers:
+        # No barrier inside an epoch: each worker draws its own random batches for as long as it
+        # takes all workers together to push one epoch's worth (fast workers push more of them).
+        sampler = RandomSampler(splits.train, generator=torch.Generator().manual_seed(
+            args.seed * 1000 + rank + 1))
+        steps_per_epoch = -(-global_steps // workers)  # an estimate, for the progress bar
+    else:
+        sampler = DistributedSampler(splits.train, num_replicas=workers, rank=rank, shuffle=True,
+                                     seed=args.seed)
     loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
+    if not uses_servers:
+        steps_per_epoch = len(loader)
+    batches = _endless(loader)
     pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
     metrics = RunMetrics({
         "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
@@ -98,16 +124,19 @@ def train_worker(args) -> dict:
             sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1"))):
         from tqdm import tqdm
 
-        bar = tqdm(total=args.epochs * len(loader), desc=f"{args.algo} x{workers}", unit="step",
+        bar = tqdm(total=args.epochs * steps_per_epoch, desc=f"{args.algo} x{workers}", unit="step",
                    file=sys.stderr, dynamic_ncols=True)
     steps = samples = 0
     train_seconds = wait_total = 0.0
     loss_sum = torch.zeros(())
+    staleness_seen = np.zeros(0, dtype=np.int64)
     for epoch in range(1, args.epochs + 1):
-        sampler.set_epoch(epoch)
-        epoch_start, epoch_samples, wait = time.perf_counter(), 0, 0.0
+        if not uses_servers:
+            sampler.set_epoch(epoch)
+        epoch_start, epoch_samples, epoch_steps, wait = time.perf_counter(), 0, 0, 0.0
         loss_sum.zero_()
-        for x, y in loader:
+        while (opt.progress() < epoch * global_steps) if uses_servers else (epoch_steps < len(loader)):
+            x, y = next(batches)
             pacer.before_step()
             t0 = time.perf_counter()
             loss = F.cross_entropy(model(x), y)
@@ -120,6 +149,7 @@ def train_worker(args) -> dict:
             wait += t2 - t1
             loss_sum += loss.detach()
             steps += 1
+            epoch_steps += 1
             epoch_samples += len(y)
             if bar is not None:
                 bar.update(1)
@@ -127,14 +157,20 @@ def train_worker(args) -> dict:
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         samples += epoch_samples
-        train_loss = comm.allreduce(float(loss_sum) / max(1, len(loader))) / workers
+        train_loss = comm.allreduce(float(loss_sum) / max(1, epoch_steps)) / workers
         rates = comm.gather(epoch_samples / epoch_seconds, root=0)
+        if uses_servers:
+            opt.synchronize()  # every worker evaluates the global weights
         accuracy = _evaluate(model, splits.test, rank, workers, comm)
-        wait_ms = 1000.0 * wait / max(1, len(loader))
+        wait_ms = 1000.0 * wait / max(1, epoch_steps)
         wait_total += wait
+        staleness = _staleness_counts(opt.stats(), comm)
         if reporter:
             entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
                                   worker_samples_per_second=rates, exchange_wait_ms=wait_ms)
+            if staleness.sum() > staleness_seen.sum():
+                metrics.staleness_histogram(staleness, staleness_seen, epoch)
+            staleness_seen = staleness
             line = (f"epoch {epoch}/{args.epochs}  train loss {train_loss:.4f}  test accuracy "
                     f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s")
             if bar is not None:
@@ -145,15 +181,18 @@ def train_worker(args) -> dict:
         bar.close()
     total_samples = comm.allreduce(samples)
     train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
-    stats = opt.stats()
     opt.close()
+    taus = np.arange(len(staleness_seen))
+    pushes = int(staleness_seen.sum())
     final_accuracy = metrics.history[-1]["test_accuracy"] if reporter else None
     return metrics.finish(
         args.metrics_out, steps=steps, final_test_accuracy=final_accuracy, final_train_loss=train_loss,
         wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4),
         samples_per_second=total_samples / max(train_seconds, 1e-9),
         step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
-        staleness_mean=stats["staleness_mean"], staleness_max=stats["staleness_max"])
+        staleness_mean=float((taus * staleness_seen).sum() / pushes) if pushes else 0.0,
+        staleness_max=int(taus[staleness_seen > 0].max()) if pushes else 0,
+        staleness_hist=staleness_seen.tolist(), updates=opt.progress() if uses_servers else steps * workers)
 
 
 def main(argv=None) -> int:

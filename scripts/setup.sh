@@ -46,7 +46,8 @@ ln -sfn "$venv" "$root/.venv"
 "$root/scripts/build_horovod.sh" "$venv/bin/python" "$cache/wheels"
 
 # 4. this checkout, editable (redone when the environment is used from another clone)
-if [[ $("$venv/bin/python" -c 'import hvd_async, os; print(os.path.dirname(os.path.dirname(hvd_async.__file__)))' 2>/dev/null) != "$root" ]] \
+# (asked from / so that the checkout in the current folder cannot answer for the installed one)
+if [[ $(cd / && "$venv/bin/python" -c 'import hvd_async, os; print(os.path.dirname(os.path.dirname(hvd_async.__file__)))' 2>/dev/null) != "$root" ]] \
    || [[ "$root/setup.cfg" -nt "$venv/.editable-ok" ]]; then
   log "installing hvd_async from $root (editable)"
   "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$root"

@@ -34,6 +34,22 @@ class Strategy(abc.ABC):
         self.options = options
         self.steps = 0
 
+    @classmethod
+    def make_transport(cls, named_parameters, options):
+        """The transport this algorithm uses when the caller gives none (Horovod collectives)."""
+        from ..transport.horovod import HorovodTransport
+
+        return HorovodTransport()
+
+    @classmethod
+    def server_program(cls, host):
+        """What the server ranks run for this algorithm (parameter-server algorithms only)."""
+        raise RuntimeError(f"algorithm {cls.name!r} uses no parameter server")
+
+    def progress(self) -> int:
+        """Updates made by all workers together so far."""
+        return self.steps * self.transport.size
+
     @abc.abstractmethod
     def step(self, closure=None):
         """Exchange what the algorithm exchanges, then update the local model."""

@@ -1,5 +1,7 @@
 """What the update is: pure tensor math, unit-tested against hand-computed numbers."""
 from .base import Rule
+from .dc import DCRule
 from .sgd import SGDRule, mean_
+from .staleness import staleness_scaled_mean_
 
-__all__ = ["Rule", "SGDRule", "mean_"]
+__all__ = ["Rule", "DCRule", "SGDRule", "mean_", "staleness_scaled_mean_"]

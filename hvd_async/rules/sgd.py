@@ -1,11 +1,17 @@
-"""Plain SGD: w <- w - lr * g, the rule of ASGD's server and of every worker's local step."""
+"""Plain SGD: w <- w - lr * (g + wd * w), with optional heavy-ball momentum (torch.optim.SGD's form).
+
+ASGD's workers run it inside the wrapped optimizer; the parameter servers of dc-asgd and softsync run
+it on their shard, with the hyperparameters each push carries.
+"""
 import torch
 
 from .base import Rule
 
 
 class SGDRule(Rule):
-    """``w -= lr * g``; staleness and worker are ignored.
+    """``buf <- momentum * buf + (g + wd * w)``; ``w <- w - lr * buf`` (``buf = g + wd * w`` without
+    momentum), as ``torch.optim.SGD`` with ``dampening=0, nesterov=False``. Staleness and worker
+    are ignored.
 
     Example::
 
@@ -15,9 +21,19 @@ class SGDRule(Rule):
 
     name = "sgd"
 
-    def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0):
-        if lr <= 0:
+    def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
+               weight_decay=0.0):
+        if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        if weight_decay:
+            grad = grad.add(weights, alpha=weight_decay)
+        if momentum:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = grad.clone()
+            else:
+                buf.mul_(momentum).add_(grad)
+            grad = buf
         return weights.add_(grad, alpha=-lr)
 
 

@@ -1,0 +1,479 @@
+"""The parameter-server family: asgd, dc-asgd and softsync over MPI windows.
+
+Each worker keeps its model's parameters as views into one flat fp32 buffer (or, for parameters
+that are not CPU float32, copies through one), and exchanges that buffer with the server shards
+through a :class:`~hvd_async.transport.window.WindowTransport`. The server side of each algorithm is
+its ``server_program``, run by :func:`hvd_async.serve` on every shard.
+
+Where optimizer state lives:
+
+- **asgd**: entirely on the worker. ``step()`` runs the wrapped optimizer (momentum, weight decay,
+  Nesterov, Adam moments: whatever it is) on the local copy and pushes the change it made as a
+  delta, added atomically into the global weights; the servers hold only the weights.
+- **dc-asgd, softsync**: the rule runs on the servers, so the wrapped optimizer must be
+  ``torch.optim.SGD``; its ``lr``, ``momentum`` and ``weight_decay`` (read from ``param_groups`` at
+  every step, so schedulers work) travel with each push, and the momentum buffers live on the
+  server shards; the wrapped optimizer's own ``state`` stays empty. dc-asgd keeps one momentum
+  buffer per worker (what asgd keeps on each worker, so that dc-asgd with ``lam=0`` is asgd; one
+  buffer shared by all pushes, as MXNet's DCASGD has, adds the implicit momentum of asynchrony to
+  the explicit one and diverged on digits at momentum 0.9); softsync, whose update is one
+  aggregate, keeps one (synchronous SGD's). dc-asgd's backups ``w_bak(m)`` are the server's
+  per-worker outbox slots: exactly what worker m received.
+
+Gradients holding NaN or infinity are never pushed: the worker skips the exchange, counts the step
+in ``stats()["skipped_nonfinite"]`` and logs it; the servers check again before applying.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..checks import is_int_at_least
+from ..rules import DCRule, SGDRule, staleness_scaled_mean_
+from ..transport import window as W
+from .base import Strategy
+
+logger = logging.getLogger(__name__)
+
+
+class _FlatModel:
+    """The parameters as one flat fp32 CPU buffer: views when they are CPU float32, copies otherwise."""
+
+    def __init__(self, params: List[torch.Tensor]):
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(self.numel, dtype=torch.float32)
+        self.grad = torch.zeros(self.numel, dtype=torch.float32)
+        self.views = all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
+        self.slices, start = [], 0
+        for p in params:
+            self.slices.append(slice(start, start + p.numel()))
+            start += p.numel()
+        with torch.no_grad():
+            for p, s in zip(params, self.slices):
+                self.flat[s].copy_(p.detach().reshape(-1))
+                if self.views:
+                    p.data = self.flat[s].view_as(p)
+
+    def load_params(self) -> None:
+        """After ``flat`` changed: make the parameters hold it (nothing to do for views)."""
+        if not self.views:
+            with torch.no_grad():
+                for p, s in zip(self.params, self.slices):
+                    p.copy_(self.flat[s].view_as(p))
+
+    def store_params(self) -> None:
+        """After the parameters changed: copy them into ``flat`` (nothing to do for views)."""
+        if not self.views:
+            with torch.no_grad():
+                for p, s in zip(self.params, self.slices):
+                    self.flat[s].copy_(p.detach().reshape(-1))
+
+    def gather_grads(self) -> torch.Tensor:
+        """The parameters' gradients into ``grad`` (zeros where a parameter got none)."""
+        with torch.no_grad():
+            for p, s in zip(self.params, self.slices):
+                if p.grad is None:
+                    self.grad[s].zero_()
+                else:
+                    self.grad[s].copy_(p.grad.detach().reshape(-1))
+        return self.grad
+
+
+@dataclass
+class ASGDOptions:
+    pull_every: int = 1
+
+    def __post_init__(self):
+        if not is_int_at_least(self.pull_every, 1):
+            raise ValueError(f"pull_every must be an integer >= 1 (pull the global weights every k "
+                             f"steps), got {self.pull_every!r}")
+
+
+@dataclass
+class DCASGDOptions:
+    lam: float = 0.04
+    adaptive: bool = False
+    ms_momentum: float = 0.95
+
+    def __post_init__(self):
+        DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
+
+
+@dataclass
+class SoftSyncOptions:
+    n: Optional[int] = None
+    staleness_lr: bool = True
+
+    def __post_init__(self):
+        if self.n is not None and not is_int_at_least(self.n, 1):
+            raise ValueError(f"n must be an integer between 1 and the number of workers, got {self.n!r}")
+        if not isinstance(self.staleness_lr, bool):
+            raise ValueError(f"staleness_lr must be True or False, got {self.staleness_lr!r}")
+
+
+class PSStrategy(Strategy):
+    """Common worker side of the parameter-server algorithms (not used directly)."""
+
+    mode = "accumulate"
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        super().__init__(optimizer, named_parameters, transport, options)
+        params = [p for _, p in named_parameters]
+        self.model = _FlatModel(params)
+        self.hist = np.zeros((transport.servers, W.HIST_BINS), dtype=np.int64)
+        self.skipped_nonfinite = 0
+        self.global_pushes = 0
+        transport.publish_(self.model.flat)  # worker 0's weights become the global ones
+        self.model.load_params()
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {}
+
+    @classmethod
+    def make_transport(cls, named_parameters, options):
+        numel = sum(p.numel() for _, p in named_parameters)
+        if numel == 0:
+            raise ValueError("the optimizer holds no parameter elements; nothing to train")
+        return W.WindowTransport(numel, algorithm=cls.name, mode=cls.mode,
+                                 options=cls.server_options(options))
+
+    # --- what every step does ------------------------------------------------------------
+    def _grads_or_skip(self) -> Optional[torch.Tensor]:
+        grad = self.model.gather_grads()
+        if bool(torch.isfinite(grad).all()):
+            return grad
+        self.skipped_nonfinite += 1
+        if self.skipped_nonfinite == 1 or self.skipped_nonfinite % 100 == 0:
+            logger.warning("worker %d: gradient holds NaN or infinity at step %d; not pushed "
+                           "(%d skipped so far)", self.transport.rank, self.steps + 1, self.skipped_nonfinite)
+        return None
+
+    def _record(self, staleness) -> None:
+        for k, s in enumerate(staleness):
+            self.hist[k, min(int(s), W.HIST_BINS - 1)] += 1
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad = self._grads_or_skip()
+        if grad is not None:
+            self._exchange(grad, loss)
+        self.steps += 1
+        return loss
+
+    def _exchange(self, grad: torch.Tensor, loss) -> None:
+        raise NotImplementedError
+
+    def progress(self) -> int:
+        """Pushes applied by all workers together, as last seen by this worker."""
+        return self.global_pushes
+
+    def stats(self) -> Dict:
+        pooled = self.hist.sum(axis=0)
+        total = int(pooled.sum())
+        nonzero = np.nonzero(pooled)[0]
+        return {"staleness_mean": float((pooled * np.arange(W.HIST_BINS)).sum() / total) if total else 0.0,
+                "staleness_max": int(nonzero[-1]) if len(nonzero) else 0,
+                "staleness_hist": pooled.tolist(), "pushes": int(self.hist[0].sum()),
+                "skipped_nonfinite": self.skipped_nonfinite}
+
+    def state_dict(self):
+        return {"steps": self.steps, "staleness_hist": self.hist.tolist(),
+                "skipped_nonfinite": self.skipped_nonfinite}
+
+    def load_state_dict(self, state):
+        self.steps = int(state["steps"])
+        self.hist[:] = np.asarray(state["staleness_hist"], dtype=np.int64)
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class ASGD(PSStrategy):
+    """asgd: push the local optimizer's change, added atomically into the global weights; pull.
+
+    Each ``step()`` runs the wrapped optimizer on the local weights, pushes ``w_after - w_before``
+    with ``MPI_Accumulate`` (so with plain SGD the global weights get ``w -= lr * g`` as each push
+    lands, in any order), then pulls the global weights (every ``pull_every`` steps; in between the
+    worker goes on from its own weights). No barrier anywhere.
+
+    Options:
+        pull_every: pull the global weights every k steps (default 1).
+    """
+
+    name = "asgd"
+    Options = ASGDOptions
+    mode = "accumulate"
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        super().__init__(optimizer, named_parameters, transport, options)
+        self._before = torch.empty_like(self.model.flat)
+        self._delta = torch.empty_like(self.model.flat)
+
+    def _exchange(self, grad, loss) -> None:
+        self._before.copy_(self.model.flat)
+        self.optimizer.step()
+        self.model.store_params()
+        torch.sub(self.model.flat, self._before, out=self._delta)
+        self._record(self.transport.accumulate(self._delta))
+        self.global_pushes = int(self.transport.latest_versions[0])
+        if (self.steps + 1) % self.options.pull_every == 0:
+            self.transport.pull(self.model.flat)
+            self.model.load_params()
+
+    def synchronize(self) -> None:
+        """Collective over the workers: every worker loads the global weights (after all pushes)."""
+        self.transport.barrier()
+        self.transport.pull(self.model.flat)
+        self.model.load_params()
+
+    @classmethod
+    def server_program(cls, host):
+        return _AccumulateProgram(host)
+
+
+class _MailboxStrategy(PSStrategy):
+    """Worker side of the algorithms whose rule runs on the server: push g, receive new weights."""
+
+    mode = "mailbox"
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        if not isinstance(optimizer, torch.optim.SGD):
+            raise TypeError(f"{self.name} applies its SGD rule on the parameter servers: wrap a "
+                            f"torch.optim.SGD (got {type(optimizer).__name__}); asgd runs any optimizer")
+        self.hyper(optimizer)  # checks the param groups
+        super().__init__(optimizer, named_parameters, transport, options)
+
+    def hyper(self, optimizer=None) -> Dict[int, float]:
+        groups = (optimizer or self.optimizer).param_groups
+        first = groups[0]
+        for key, bad in (("nesterov", True), ("maximize", True)):
+            if first.get(key, False) == bad:
+                raise ValueError(f"{self.name}: {key}=True is not supported on the server; use {key}=False")
+        if first.get("dampening", 0):
+            raise ValueError(f"{self.name}: dampening={first['dampening']} is not supported; use 0")
+        for group in groups[1:]:
+            for key in ("lr", "momentum", "weight_decay"):
+                if group.get(key) != first.get(key):
+                    raise ValueError(f"{self.name} applies one rate on the server: every param group "
+                                     f"must share {key} (got {first.get(key)} and {group.get(key)})")
+        return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
+                W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0))}
+
+    def _exchange(self, grad, loss) -> None:
+        header = self.hyper()
+        if loss is not None:
+            header[W.H_LOSS] = float(loss)
+        answers = self.transport.push(grad, self.model.flat, header)
+        self.model.load_params()
+        applied = answers[:, W.R_STATUS] == W.STATUS_APPLIED
+        if applied.all():
+            self._record(answers[:, W.R_STALENESS])
+        else:
+            self.skipped_nonfinite += 1
+        self.global_pushes = int(answers[0, W.R_PUSHES])
+
+    def synchronize(self) -> None:
+        """Collective over the workers: every worker loads the global weights (after all pushes).
+
+        Each worker first tells the servers it is idle (so softsync does not wait for it), then
+        receives a snapshot (which also becomes its dc-asgd backup), then resumes.
+        """
+        self.transport.request_async(W.KIND_IDLE).wait()
+        self.transport.barrier()
+        self.transport.request_async(W.KIND_PULL, out=self.model.flat).wait()
+        self.model.load_params()
+        self.transport.request_async(W.KIND_RESUME).wait()
+        self.transport.barrier()
+
+
+class DCASGD(_MailboxStrategy):
+    """dc-asgd: the server applies ``w -= lr * (g + lam * g * g * (w - w_bak(m)))`` per push.
+
+    Options:
+        lam: compensation strength (default 0.04; 0 gives asgd's update).
+        adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients.
+        ms_momentum: decay of that mean square (default 0.95).
+    """
+
+    name = "dc-asgd"
+    Options = DCASGDOptions
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum}
+
+    @classmethod
+    def server_program(cls, host):
+        return _DCProgram(host, **host.spec.options)
+
+
+class SoftSync(_MailboxStrategy):
+    """softsync (n-softsync): the server applies one update per ``c = floor(workers / n)`` gradients,
+    each divided by its staleness; ``n=1`` is synchronous SGD, ``n=workers`` asgd with a
+    staleness-scaled rate.
+
+    Options:
+        n: 1 .. workers (default: workers).
+        staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (default True).
+    """
+
+    name = "softsync"
+    Options = SoftSyncOptions
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        workers = transport.size
+        if options.n is None:
+            options.n = workers
+        if not 1 <= options.n <= workers:
+            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
+        super().__init__(optimizer, named_parameters, transport, options)
+
+    @classmethod
+    def make_transport(cls, named_parameters, options):
+        from .. import runtime
+
+        workers = runtime.size()
+        if options.n is None:
+            options.n = workers
+        if not 1 <= options.n <= workers:
+            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
+        return super().make_transport(named_parameters, options)
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {"n": options.n, "staleness_lr": options.staleness_lr}
+
+    @classmethod
+    def server_program(cls, host):
+        return _SoftSyncProgram(host, **host.spec.options)
+
+
+# --- server programs (run by hvd_async.serve on each shard) ---------------------------------------
+
+class _AccumulateProgram:
+    """asgd's servers do no arithmetic: the accumulates land by themselves; the loop keeps MPI moving."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def on_request(self, worker, header):
+        raise RuntimeError(f"server {self.host.shard}: asgd takes no mailbox requests (worker {worker})")
+
+    def on_leave(self, worker):
+        pass
+
+
+class _MailboxProgram:
+    """Shared server side of dc-asgd and softsync: snapshots, idle/resume, the non-finite check."""
+
+    def __init__(self, host):
+        self.host = host
+        workers = host.spec.workers
+        self.active = set(range(workers))
+        self.held = [0] * workers  # version of the weights each worker last received
+        self.started = False
+        self.sgd = SGDRule()
+        self.sgd_state: Dict = {}
+
+    def snapshot(self, worker: int) -> None:
+        """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``)."""
+        self.host.outbox[worker].copy_(self.host.weights)
+        self.held[worker] = self.host.version
+
+    def staleness(self, worker: int) -> int:
+        return self.host.version - self.held[worker]
+
+    def on_request(self, worker: int, header: np.ndarray) -> None:
+        if not self.started:  # every worker starts from the published weights, version 0
+            for m in range(self.host.spec.workers):
+                self.snapshot(m)
+            self.started = True
+        kind = int(header[W.H_KIND])
+        if kind == W.KIND_PUSH:
+            self.active.add(worker)
+            grad = self.host.inbox[worker]
+            if not bool(torch.isfinite(grad).all()):
+                self.host.skipped_nonfinite += 1
+                logger.warning("server %d: non-finite gradient from worker %d skipped (%d so far)",
+                               self.host.shard, worker, self.host.skipped_nonfinite)
+                self.snapshot(worker)
+                self.host.answer(worker, 0, W.STATUS_SKIPPED)
+                return
+            self.on_push(worker, grad, header)
+        elif kind == W.KIND_PULL:
+            self.snapshot(worker)
+            self.host.answer(worker, 0, W.STATUS_SNAPSHOT)
+        elif kind == W.KIND_IDLE:
+            self.on_leave(worker)
+        elif kind == W.KIND_RESUME:
+            self.active.add(worker)
+        else:
+            raise RuntimeError(f"server {self.host.shard}: unknown request kind {kind} from worker {worker}")
+
+    def step_kwargs(self, header) -> Dict:
+        return {"lr": float(header[W.H_LR]), "momentum": float(header[W.H_MOMENTUM]),
+                "weight_decay": float(header[W.H_WEIGHT_DECAY])}
+
+    def on_push(self, worker, grad, header) -> None:
+        raise NotImplementedError
+
+    def on_leave(self, worker) -> None:
+        self.active.discard(worker)
+
+
+class _DCProgram(_MailboxProgram):
+    def __init__(self, host, lam, adaptive, ms_momentum):
+        super().__init__(host)
+        self.rule = DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum)
+        self.state = self.rule.init(host.weights)
+        self.state["backup"] = host.outbox
+        self.momentum = [{} for _ in range(host.spec.workers)]  # one buffer per worker, as asgd's
+
+    def on_push(self, worker, grad, header) -> None:
+        staleness = self.staleness(worker)
+        step = self.rule.compensated(self.host.weights, grad, self.state, worker)
+        self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
+        self.host.bump([staleness])
+        self.snapshot(worker)
+        self.host.answer(worker, staleness, W.STATUS_APPLIED)
+
+
+class _SoftSyncProgram(_MailboxProgram):
+    def __init__(self, host, n, staleness_lr):
+        super().__init__(host)
+        self.c = max(1, host.spec.workers // n)
+        self.scale = staleness_lr
+        self.pending: List = []
+        self.mean = torch.zeros_like(host.weights)
+
+    def on_push(self, worker, grad, header) -> None:
+        self.pending.append((worker, header))
+        self.maybe_apply()
+
+    def on_leave(self, worker) -> None:
+        super().on_leave(worker)
+        self.maybe_apply()
+
+    def maybe_apply(self) -> None:
+        """Apply once ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
+        if not self.pending or len(self.pending) < max(1, min(self.c, len(self.active))):
+            return
+        workers = [m for m, _ in self.pending]
+        staleness = [self.staleness(m) for m in workers]
+        staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
+        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
+        self.host.bump(staleness, pushes=len(workers))
+        self.pending = []
+        for m, s in zip(workers, staleness):
+            self.snapshot(m)
+            self.host.answer(m, s, W.STATUS_APPLIED)

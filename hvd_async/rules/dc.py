@@ -1,0 +1,72 @@
+"""Delay compensation (DC-ASGD, Zheng et al., ICML 2017): a first-order correction of a stale gradient.
+
+A gradient ``g`` computed at the weights ``w_bak`` a worker last received is applied to the current
+weights ``w`` as ``g + lam * g * g * (w - w_bak)`` (elementwise; ``g * g`` stands in for the
+Hessian's diagonal). ``lam`` is a constant, or, adaptive (the paper's DC-ASGD-a),
+``lam / sqrt(MS + eps)`` with ``MS <- ms_momentum * MS + (1 - ms_momentum) * g * g``. The
+compensated gradient then takes an :class:`SGDRule` step (weight decay and momentum as the worker's
+optimizer sets them; MXNet's DCASGD puts them in the same place).
+
+Choices: one mean square per shard (the paper's Algorithm 3 keeps one on the server, updated by
+every worker's gradient); the backups ``w_bak(m)`` are held by the caller (the server keeps one per
+worker per shard) and passed in ``state["backup"]``: this rule reads them and does not refresh them,
+because only the caller knows what the worker received.
+"""
+import torch
+
+from .base import Rule
+from .sgd import SGDRule
+
+
+class DCRule(Rule):
+    """The DC-ASGD server step.
+
+    Args:
+        lam: the compensation strength (``>= 0``; the paper uses 0.04 to 2). With ``adaptive`` it is
+            the paper's ``lam0``.
+        adaptive: scale ``lam`` by ``1 / sqrt(MS + eps)`` (DC-ASGD-a).
+        ms_momentum: decay of the mean square ``MS`` (``0 <= m < 1``).
+        eps: added under the square root.
+
+    Example::
+
+        >>> w, g = torch.tensor([1.0]), torch.tensor([2.0])
+        >>> DCRule(lam=0.5).apply_(w, g, {"backup": {0: torch.tensor([0.5])}}, lr=0.1, worker=0)
+        tensor([0.7000])
+        >>> # 1 - 0.1 * (2 + 0.5 * 2 * 2 * (1 - 0.5)) = 1 - 0.1 * 3
+    """
+
+    name = "dc"
+
+    def __init__(self, lam: float = 0.04, *, adaptive: bool = False, ms_momentum: float = 0.95,
+                 eps: float = 1e-7):
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
+            raise ValueError(f"lam must be a number >= 0 (0 turns compensation off), got {lam!r}")
+        if not 0 <= ms_momentum < 1:
+            raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.lam, self.adaptive, self.ms_momentum, self.eps = float(lam), bool(adaptive), ms_momentum, eps
+        self._sgd = SGDRule()
+
+    def init(self, weights: torch.Tensor):
+        return {"backup": {}, "mean_square": torch.zeros_like(weights) if self.adaptive else None}
+
+    def compensated(self, weights, grad, state, worker: int) -> torch.Tensor:
+        """``g + lam_t * g * g * (w - w_bak(worker))`` as a new tensor (updates ``MS`` if adaptive)."""
+        if self.adaptive:
+            ms = state["mean_square"]
+            ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
+            lam = self.lam / torch.sqrt(ms + self.eps)
+        else:
+            lam = self.lam
+        if not self.lam:
+            return grad.clone()
+        drift = weights - state["backup"][worker]
+        return grad + lam * grad * grad * drift
+
+    def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
+               weight_decay=0.0):
+        step = self.compensated(weights, grad, state, worker)
+        return self._sgd.apply_(weights, step, state, lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)

@@ -1,0 +1,36 @@
+"""Staleness-scaled aggregation (n-softsync, Zhang, Gupta et al., IJCAI 2016).
+
+The server averages the ``c`` gradients it collected, each divided by its staleness, so the rate a
+gradient gets is ``lr / tau``: ``g_agg = mean_i g_i / max(1, tau_i)``. Staleness 0 (the gradient
+was computed on the weights it is applied to) and 1 both keep the full rate; the ``max`` is our
+choice, so that 1-softsync (every gradient fresh) is exactly synchronous averaging.
+"""
+from typing import Sequence
+
+import torch
+
+
+def staleness_divisor(staleness: int) -> float:
+    return float(max(1, int(staleness)))
+
+
+def staleness_scaled_mean_(grads: Sequence[torch.Tensor], staleness: Sequence[int], out: torch.Tensor,
+                           *, scale: bool = True) -> torch.Tensor:
+    """``out <- mean_i g_i / max(1, tau_i)`` (or the plain mean when ``scale`` is False), summed in order.
+
+    Example::
+
+        >>> out = torch.zeros(1)
+        >>> staleness_scaled_mean_([torch.tensor([4.0]), torch.tensor([4.0])], [0, 2], out)
+        tensor([3.])
+    """
+    if len(grads) != len(staleness) or not grads:
+        raise ValueError(f"need one staleness per gradient and at least one gradient, got "
+                         f"{len(grads)} gradient(s) and {len(staleness)} staleness value(s)")
+    out.zero_()
+    for grad, tau in zip(grads, staleness):
+        if scale and tau > 1:
+            out.add_(grad, alpha=1.0 / staleness_divisor(tau))
+        else:
+            out.add_(grad)
+    return out.div_(len(grads))

@@ -1,0 +1,512 @@
+"""MPI one-sided windows on the parameter-server ranks: the transport of the parameter-server family.
+
+The model's parameters are one flat fp32 buffer of ``numel`` elements, cut into ``S`` contiguous
+shards (the first ``numel % S`` shards one element longer), shard ``k`` held by server rank ``k``.
+Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every window has one owner):
+
+- ``weights``: the shard of the global weights;
+- ``meta`` (int64): ``[version, pushes, staleness histogram (HIST_BINS bins, the last one counts
+  everything at or beyond it)]``;
+- mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
+  gradient into its inbox slot, flushes, and sends the server a small header message; the server
+  applies its rule, writes the weights it wants the worker to continue from into the worker's
+  outbox slot (dc-asgd keeps them there as that worker's backup ``w_bak(m)``) and answers with
+  ``[version, staleness, pushes, status]``; the worker then gets its outbox slot.
+
+Two modes:
+
+- ``accumulate`` (asgd): a push is ``Accumulate(SUM)`` of a delta straight into ``weights`` (MPI makes
+  concurrent accumulates to one element atomic, so no update is lost), then ``Fetch_and_op`` on the
+  shard's version counter, whose old value, less the version read at the last pull, is the push's
+  staleness; the worker also adds one to that staleness's bin of the shard's histogram. The server
+  does nothing but keep MPI progressing.
+- ``mailbox`` (dc-asgd, softsync): the server runs the algorithm's rule (see ``ShardHost``).
+
+Workers hold a shared passive-target lock on every window for the transport's whole life
+(``Lock_all``) and complete operations with ``Flush``; the server holds one on its own windows and
+touches their memory directly between ``Win.Sync`` calls. Headers and answers are two-sided
+messages on the transport's own communicator: the data never leaves the windows, and a worker
+waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network.
+
+Across hosts a passive-target operation completes only when the target calls into MPI: the server
+loop (:mod:`hvd_async.server`) keeps calling in between its work. Windows across hosts need a
+one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--mca osc ucx``;
+opening fails with a message that says so when the default one cannot create the window.
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .base import Transport
+
+logger = logging.getLogger(__name__)
+
+HIST_BINS = 64
+META_VERSION, META_PUSHES, META_HIST = 0, 1, 2
+META_LEN = META_HIST + HIST_BINS
+
+# header a worker sends with each mailbox request (float64)
+H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_LEN = range(8)
+KIND_PUSH, KIND_PULL, KIND_IDLE, KIND_RESUME = 0, 1, 2, 3
+# the server's answer (float64)
+R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
+STATUS_APPLIED, STATUS_SKIPPED, STATUS_SNAPSHOT = 0, 1, 2
+
+TAG_OPEN = 7101     # worker 0 -> each server on the runtime's control communicator: a WindowSpec
+TAG_REQUEST = 7102  # worker -> server: a header
+TAG_ANSWER = 7103   # server -> worker: an answer
+TAG_CLOSE = 7104    # worker -> server: this worker closed the transport
+
+MODES = ("accumulate", "mailbox")
+OSC_HINT = ("one-sided MPI windows could not be created: across hosts OpenMPI needs the UCX "
+            "one-sided component under MPI_THREAD_MULTIPLE; launch with "
+            "'mpirun --mca osc ucx -x UCX_TLS=tcp,self ...' (hvd-async train --mpi-args "
+            "'--mca osc ucx -x UCX_TLS=tcp,self')")
+
+
+def shard_bounds(numel: int, shards: int) -> List[Tuple[int, int]]:
+    """``[start, stop)`` of each shard of a flat buffer: contiguous, lengths differing by at most one."""
+    if numel < 0 or shards < 1:
+        raise ValueError(f"need numel >= 0 and shards >= 1, got numel={numel}, shards={shards}")
+    base, extra = divmod(numel, shards)
+    bounds, start = [], 0
+    for k in range(shards):
+        stop = start + base + (1 if k < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@dataclass
+class WindowSpec:
+    """What worker 0 tells every server when a transport opens (pickled over the control channel)."""
+
+    algorithm: str
+    mode: str
+    numel: int
+    servers: int
+    workers: int
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    def shard_len(self, shard: int) -> int:
+        start, stop = shard_bounds(self.numel, self.servers)[shard]
+        return stop - start
+
+
+@dataclass
+class ShardStats:
+    """What one server shard saw over one transport's life (part of :class:`hvd_async.server.ServerReport`)."""
+
+    algorithm: str
+    shard: int
+    numel: int
+    updates: int            # updates applied to the weights (the final version)
+    pushes: int             # gradients or deltas received
+    skipped_nonfinite: int  # pushes refused because they held NaN or infinity
+    staleness_hist: List[int]  # count of pushes by staleness 0, 1, ... (last bin: that or more)
+
+    @property
+    def staleness_mean(self) -> float:
+        total = sum(self.staleness_hist)
+        return sum(s * n for s, n in enumerate(self.staleness_hist)) / total if total else 0.0
+
+
+def _allocate(comm, count: int, dtype) -> Any:
+    from mpi4py import MPI
+
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        return MPI.Win.Allocate(count * itemsize, itemsize, comm=comm)
+    except MPI.Exception as exc:
+        raise RuntimeError(f"{OSC_HINT} (MPI said: {exc.Get_error_string()})") from None
+
+
+def _window_array(win, count: int, dtype) -> np.ndarray:
+    return np.frombuffer(win.tomemory(), dtype=dtype, count=count)
+
+
+class _Windows:
+    """The windows of one transport on one rank (zero-sized on workers)."""
+
+    def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
+        n = spec.shard_len(shard) if shard is not None else 0
+        mailbox = spec.mode == "mailbox"
+        self.meta = _allocate(comm, META_LEN if shard is not None else 0, np.int64)
+        self.weights = _allocate(comm, n, np.float32)
+        self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
+        self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
+
+    def all(self):
+        return [self.meta, self.weights, self.inbox, self.outbox]
+
+    def lock_all(self) -> None:
+        for win in self.all():
+            win.Lock_all()
+
+    def free(self) -> None:
+        for win in self.all():
+            win.Unlock_all()
+        for win in self.all():
+            win.Free()
+
+
+def _float_dt():
+    from mpi4py import MPI
+
+    return MPI.FLOAT
+
+
+class Pending:
+    """An exchange in flight; ``wait()`` finishes it and returns its result (idempotent)."""
+
+    def __init__(self, finish):
+        self._finish, self._done, self._result = finish, False, None
+
+    def wait(self):
+        if not self._done:
+            self._result = self._finish()
+            self._done = True
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+class WindowTransport(Transport):
+    """The worker side: pull the global weights, push deltas or gradients, read versions.
+
+    Opening is collective over the whole job (every worker constructs it, every server serves);
+    ``close()`` is too. Built by the parameter-server strategies; tests build it directly.
+
+    Args:
+        numel: elements of the flat fp32 parameter buffer.
+        algorithm: registry name (the servers pick their rule by it).
+        mode: ``"accumulate"`` or ``"mailbox"`` (see the module docstring).
+        options: the server rule's options (plain values, pickled to the servers).
+    """
+
+    def __init__(self, numel: int, *, algorithm: str, mode: str, options: Optional[Dict] = None):
+        super().__init__()
+        from mpi4py import MPI
+
+        from .. import runtime
+
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
+            raise ValueError(f"numel must be a positive integer, got {numel!r}")
+        rt = runtime._worker_runtime("WindowTransport")
+        if rt.servers < 1:
+            raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
+                               f"this job has none: call hvd_async.init(servers=1) (or more) and "
+                               f"launch at least one extra process for each server")
+        self._MPI = MPI
+        self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.world.size - rt.servers,
+                               dict(options or {}))
+        self.bounds = shard_bounds(self.spec.numel, rt.servers)
+        self._workers_comm = rt.group
+        self._rank = rt.group.rank
+        if self._rank == 0:
+            for server in range(rt.servers):
+                rt.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
+        self.comm = rt.win_comm.Dup()
+        self._win = _Windows(self.comm, self.spec, None)
+        self._win.lock_all()
+        self._versions = np.zeros(rt.servers, dtype=np.int64)   # version each shard had at the last pull
+        self.latest_versions = np.zeros(rt.servers, dtype=np.int64)  # newest version seen per shard
+        self._one = np.ones(1, dtype=np.int64)
+        self._fetched = np.zeros(1, dtype=np.int64)
+        self._answers = np.zeros((rt.servers, R_LEN), dtype=np.float64)
+        self._headers = np.zeros((rt.servers, H_LEN), dtype=np.float64)
+        self._pending: Optional[Pending] = None
+        runtime._register_transport(self)
+
+    # --- who we are ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self.spec.workers
+
+    @property
+    def servers(self) -> int:
+        return self.spec.servers
+
+    @property
+    def versions(self) -> np.ndarray:
+        """Per shard, the version of the weights this worker last received."""
+        return self._versions.copy()
+
+    def allgather_object(self, obj) -> List[Any]:
+        self._check_open()
+        return self._workers_comm.allgather(obj)
+
+    def barrier(self) -> None:
+        """Wait for every worker (the servers are not involved)."""
+        self._check_open()
+        self._workers_comm.Barrier()
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _slices(self, flat: torch.Tensor):
+        if flat.dtype != torch.float32 or flat.device.type != "cpu" or not flat.is_contiguous() \
+                or flat.numel() != self.spec.numel:
+            raise ValueError(f"expected a contiguous CPU float32 tensor of {self.spec.numel} elements, "
+                             f"got {flat.dtype} {tuple(flat.shape)} on {flat.device}")
+        array = flat.numpy()
+        return [(k, array[start:stop]) for k, (start, stop) in enumerate(self.bounds) if stop > start]
+
+    def _check_idle(self) -> None:
+        self._check_open()
+        if self._pending is not None and not self._pending.done:
+            raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
+
+    # --- weights ------------------------------------------------------------------------------
+    def publish_(self, flat: torch.Tensor) -> None:
+        """Collective over the workers: worker 0's ``flat`` becomes the global weights, and every
+        worker's ``flat`` is overwritten with them (as ``hvd.broadcast_parameters``)."""
+        self._check_idle()
+        if self._rank == 0:
+            for k, part in self._slices(flat):
+                self._win.weights.Put([part, _float_dt()], k, target=(0, len(part), _float_dt()))
+                self._win.weights.Flush(k)
+        self._workers_comm.Barrier()
+        self.pull(flat)
+
+    def pull_async(self, flat: torch.Tensor) -> Pending:
+        """Start reading the global weights into ``flat`` (``Rget`` from every shard)."""
+        self._check_idle()
+        MPI = self._MPI
+        versions = np.zeros(self.servers, dtype=np.int64)
+        for k in range(self.servers):
+            self._win.meta.Fetch_and_op([self._one, MPI.INT64_T], [versions[k:k + 1], MPI.INT64_T], k,
+                                        META_VERSION, op=MPI.NO_OP)
+        self._win.meta.Flush_all()
+        requests = [self._win.weights.Rget([part, _float_dt()], k, target=(0, len(part), _float_dt()))
+                    for k, part in self._slices(flat)]
+
+        def finish():
+            MPI.Request.Waitall(requests)
+            self._versions[:] = versions
+            np.maximum(self.latest_versions, versions, out=self.latest_versions)
+            return versions
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def pull(self, flat: torch.Tensor) -> np.ndarray:
+        """Read the global weights into ``flat``; returns each shard's version at the read."""
+        return self.pull_async(flat).wait()
+
+    def accumulate_async(self, delta: torch.Tensor) -> Pending:
+        """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
+        shard's staleness for this push (updates applied since this worker's last pull)."""
+        self._check_idle()
+        if self.spec.mode != "accumulate":
+            raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
+                               f"uses its server's mailbox: use push()")
+        MPI = self._MPI
+        requests = [self._win.weights.Raccumulate([part, _float_dt()], k, target=(0, len(part), _float_dt()),
+                                                  op=MPI.SUM)
+                    for k, part in self._slices(delta)]
+
+        def finish():
+            MPI.Request.Waitall(requests)
+            staleness = np.zeros(self.servers, dtype=np.int64)
+            for k in range(self.servers):
+                self._win.weights.Flush(k)  # the delta is in place before the version says so
+                self._win.meta.Fetch_and_op([self._one, MPI.INT64_T], [self._fetched, MPI.INT64_T], k,
+                                            META_VERSION, op=MPI.SUM)
+                self._win.meta.Flush(k)
+                staleness[k] = max(0, int(self._fetched[0]) - int(self._versions[k]))
+                self.latest_versions[k] = self._fetched[0] + 1
+                self._win.meta.Accumulate([self._one, MPI.INT64_T], k,
+                                          target=(META_HIST + min(int(staleness[k]), HIST_BINS - 1), 1,
+                                                  MPI.INT64_T), op=MPI.SUM)
+            self._win.meta.Flush_all()
+            return staleness
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def accumulate(self, delta: torch.Tensor) -> np.ndarray:
+        return self.accumulate_async(delta).wait()
+
+    # --- mailbox ------------------------------------------------------------------------------
+    def request_async(self, kind: int, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                      header: Optional[Dict[int, float]] = None) -> Pending:
+        """Send a mailbox request to every shard's server (mailbox mode).
+
+        ``KIND_PUSH`` puts ``grad`` into this worker's inbox slots first; ``KIND_PUSH`` and
+        ``KIND_PULL`` are answered, and ``wait()`` then gets the weights the server left in this
+        worker's outbox slots into ``out`` and returns the answers (one row per shard, columns
+        ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts pushing for a while,
+        so softsync need not wait for it) are not answered.
+        """
+        self._check_idle()
+        if self.spec.mode != "mailbox":
+            raise RuntimeError(f"{self.spec.algorithm!r} adds deltas into the weights directly: use accumulate()")
+        MPI = self._MPI
+        answered = kind in (KIND_PUSH, KIND_PULL)
+        if kind == KIND_PUSH:
+            for k, part in self._slices(grad):
+                self._win.inbox.Put([part, _float_dt()], k,
+                                    target=(self._rank * len(part), len(part), _float_dt()))
+            self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
+        if answered:
+            out_parts = self._slices(out)
+        requests = []
+        for k in range(self.servers):
+            self._headers[k] = 0.0
+            self._headers[k, H_KIND] = kind
+            self._headers[k, H_VERSION] = self._versions[k]
+            for key, value in (header or {}).items():
+                self._headers[k, key] = value
+            if answered:
+                requests.append(self.comm.Irecv(self._answers[k], source=k, tag=TAG_ANSWER))
+            self.comm.Send(self._headers[k], dest=k, tag=TAG_REQUEST)
+
+        def finish():
+            if not answered:
+                return None
+            MPI.Request.Waitall(requests)
+            gets = [self._win.outbox.Rget([part, _float_dt()], k,
+                                          target=(self._rank * len(part), len(part), _float_dt()))
+                    for k, part in out_parts]
+            MPI.Request.Waitall(gets)
+            self._versions[:] = self._answers[:, R_VERSION].astype(np.int64)
+            return self._answers.copy()
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def push(self, grad: torch.Tensor, out: torch.Tensor, header: Dict[int, float]) -> np.ndarray:
+        """Push ``grad`` (mailbox mode), wait for the server's answer, get the new weights into ``out``."""
+        return self.request_async(KIND_PUSH, grad=grad, out=out, header=header).wait()
+
+    def read_stats(self) -> List[Dict[str, Any]]:
+        """Every shard's counters as they stand (version, pushes, staleness histogram)."""
+        self._check_idle()
+        rows = []
+        meta = np.zeros(META_LEN, dtype=np.int64)
+        for k in range(self.servers):
+            self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_LEN, self._MPI.INT64_T))
+            self._win.meta.Flush(k)
+            pushes = meta[META_VERSION] if self.spec.mode == "accumulate" else meta[META_PUSHES]
+            rows.append({"version": int(meta[META_VERSION]), "pushes": int(pushes),
+                         "staleness_hist": meta[META_HIST:].tolist()})
+        return rows
+
+    def close(self) -> None:
+        """Collective over the job: waits for this worker's exchange in flight, then frees the windows
+        once every worker has closed (the servers keep serving the others meanwhile)."""
+        if self._closed:
+            return
+        from .. import runtime
+
+        if self._pending is not None:
+            self._pending.wait()
+        self._closed = True
+        for k in range(self.servers):
+            self.comm.send(None, dest=k, tag=TAG_CLOSE)
+        self._win.free()
+        self.comm.Free()
+        runtime._unregister_transport(self)
+
+
+class ShardHost:
+    """The server side of one transport on one server rank: owns shard ``shard``'s windows.
+
+    ``program`` (built by the algorithm's strategy class, see ``hvd_async.algorithms.ps``) gets each
+    request through ``on_request(worker, header)``; ``poll()`` is called by the server loop.
+    """
+
+    def __init__(self, comm, spec: WindowSpec, shard: int, make_program):
+        self.spec, self.shard, self.comm = spec, shard, comm
+        self.numel = spec.shard_len(shard)
+        self._win = _Windows(comm, spec, shard)
+        self._win.lock_all()
+        self.meta = _window_array(self._win.meta, META_LEN, np.int64)
+        self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
+        n, w = self.numel, spec.workers
+        if spec.mode == "mailbox":
+            inbox = torch.from_numpy(_window_array(self._win.inbox, n * w, np.float32))
+            outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, np.float32))
+            self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
+            self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+        self.skipped_nonfinite = 0
+        self.closed: set = set()
+        self._header = np.zeros(H_LEN, dtype=np.float64)
+        self._answer = np.zeros(R_LEN, dtype=np.float64)
+        self.program = make_program(self)
+
+    # The window memory is read and written here directly, under this rank's own lock on it.
+    def sync(self) -> None:
+        for win in self._win.all():
+            win.Sync()
+
+    @property
+    def version(self) -> int:
+        return int(self.meta[META_VERSION])
+
+    def bump(self, staleness: Sequence[int], pushes: int = 1) -> None:
+        """Record one applied update made of pushes with these staleness values."""
+        self.meta[META_VERSION] += 1
+        self.meta[META_PUSHES] += pushes
+        for s in staleness:
+            self.meta[META_HIST + min(int(s), HIST_BINS - 1)] += 1
+
+    def answer(self, worker: int, staleness: int, status: int) -> None:
+        """Tell ``worker`` its outbox slot holds the weights of the current version."""
+        self.sync()
+        self._answer[:] = (self.version, staleness, self.meta[META_PUSHES], status)
+        self.comm.Send(self._answer, dest=self.spec.servers + worker, tag=TAG_ANSWER)
+
+    @property
+    def all_closed(self) -> bool:
+        return len(self.closed) == self.spec.workers
+
+    def poll(self, budget: int = 64) -> int:
+        """Handle up to ``budget`` waiting messages; returns how many there were."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        handled = 0
+        for handled in range(budget):
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                break
+            source, tag = status.Get_source(), status.Get_tag()
+            worker = source - self.spec.servers
+            if tag == TAG_CLOSE:
+                self.comm.recv(source=source, tag=TAG_CLOSE)
+                self.closed.add(worker)
+                self.program.on_leave(worker)
+            elif tag == TAG_REQUEST:
+                self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
+                self.sync()
+                self.program.on_request(worker, self._header.copy())
+            else:
+                raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
+        else:
+            handled = budget
+        return handled
+
+    def close(self) -> ShardStats:
+        """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
+        self.sync()
+        stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
+                           int(self.meta[META_PUSHES]), self.skipped_nonfinite,
+                           self.meta[META_HIST:].tolist())
+        if self.spec.mode == "accumulate":
+            stats.pushes = stats.updates  # each accumulate is one push and one update
+        while stats.staleness_hist and stats.staleness_hist[-1] == 0:
+            stats.staleness_hist.pop()
+        self._win.free()
+        self.comm.Free()
+        return stats
