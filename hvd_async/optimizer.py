@@ -85,14 +85,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         strategy_cls = registry.strategy_class(algorithm)
         parsed = parse_options(strategy_cls.Options, algorithm, options)
         named = _named_parameters(optimizer, named_parameters)
-        if transport is None:
+        strategy_cls.check_optimizer(optimizer)
+        own_transport = transport is None
+        if own_transport:
             _check_same_model(named, runtime._worker_runtime("DistributedOptimizer").group.allgather)
             transport = strategy_cls.make_transport(named, parsed)
         else:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm
-        self.strategy = strategy_cls(optimizer, named, transport, parsed)
+        try:
+            self.strategy = strategy_cls(optimizer, named, transport, parsed)
+        except BaseException:
+            if own_transport:
+                transport.close()
+            raise
         self.defaults = optimizer.defaults
 
     # The wrapped optimizer's state is the state: schedulers and users see it through these.

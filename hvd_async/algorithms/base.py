@@ -35,6 +35,10 @@ class Strategy(abc.ABC):
         self.steps = 0
 
     @classmethod
+    def check_optimizer(cls, optimizer) -> None:
+        """Raise if this algorithm cannot run with ``optimizer`` (called before any exchange opens)."""
+
+    @classmethod
     def make_transport(cls, named_parameters, options):
         """The transport this algorithm uses when the caller gives none (Horovod collectives)."""
         from ..transport.horovod import HorovodTransport

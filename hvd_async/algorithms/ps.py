@@ -246,31 +246,33 @@ class _MailboxStrategy(PSStrategy):
 
     mode = "mailbox"
 
-    def __init__(self, optimizer, named_parameters, transport, options):
+    @classmethod
+    def check_optimizer(cls, optimizer) -> None:
         if not isinstance(optimizer, torch.optim.SGD):
-            raise TypeError(f"{self.name} applies its SGD rule on the parameter servers: wrap a "
+            raise TypeError(f"{cls.name} applies its SGD rule on the parameter servers: wrap a "
                             f"torch.optim.SGD (got {type(optimizer).__name__}); asgd runs any optimizer")
-        self.hyper(optimizer)  # checks the param groups
-        super().__init__(optimizer, named_parameters, transport, options)
+        cls.hyper(optimizer)
 
-    def hyper(self, optimizer=None) -> Dict[int, float]:
-        groups = (optimizer or self.optimizer).param_groups
+    @classmethod
+    def hyper(cls, optimizer) -> Dict[int, float]:
+        """The SGD hyperparameters every push carries, read from the param groups now."""
+        groups = optimizer.param_groups
         first = groups[0]
-        for key, bad in (("nesterov", True), ("maximize", True)):
-            if first.get(key, False) == bad:
-                raise ValueError(f"{self.name}: {key}=True is not supported on the server; use {key}=False")
+        for key in ("nesterov", "maximize"):
+            if first.get(key, False):
+                raise ValueError(f"{cls.name}: {key}=True is not supported on the server; use {key}=False")
         if first.get("dampening", 0):
-            raise ValueError(f"{self.name}: dampening={first['dampening']} is not supported; use 0")
+            raise ValueError(f"{cls.name}: dampening={first['dampening']} is not supported; use 0")
         for group in groups[1:]:
             for key in ("lr", "momentum", "weight_decay"):
                 if group.get(key) != first.get(key):
-                    raise ValueError(f"{self.name} applies one rate on the server: every param group "
+                    raise ValueError(f"{cls.name} applies one rate on the server: every param group "
                                      f"must share {key} (got {first.get(key)} and {group.get(key)})")
         return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
                 W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0))}
 
     def _exchange(self, grad, loss) -> None:
-        header = self.hyper()
+        header = self.hyper(self.optimizer)
         if loss is not None:
             header[W.H_LOSS] = float(loss)
         answers = self.transport.push(grad, self.model.flat, header)

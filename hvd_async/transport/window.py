@@ -278,6 +278,7 @@ class WindowTransport(Transport):
                 self._win.weights.Flush(k)
         self._workers_comm.Barrier()
         self.pull(flat)
+        self._workers_comm.Barrier()  # nobody pushes before everyone has the initial weights
 
     def pull_async(self, flat: torch.Tensor) -> Pending:
         """Start reading the global weights into ``flat`` (``Rget`` from every shard)."""

@@ -1,0 +1,295 @@
+"""Parameter-server checks, run by tests/test_ps.py under mpirun: ``SERVERS=S python ps_checks.py [CHECK ...]``.
+
+Server ranks serve and print what they hosted; workers run the named checks in order (all when none
+is named) and worker 0 prints ``PS CHECKS OK`` at the end. A failing check aborts the whole job, so
+no rank is left waiting.
+"""
+import os
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+import hvd_async as ha
+from hvd_async.transport import window as W
+
+NUMEL = 1001  # not a multiple of 2: the shards differ in length
+
+
+def integer_grad(rank: int, i: int, numel: int = NUMEL) -> torch.Tensor:
+    base = (torch.arange(numel) % 7 - 3).float()
+    return base * float(i % 5 - 2) + float(rank + 1)
+
+
+def integer_init(numel: int = NUMEL) -> torch.Tensor:
+    return (torch.arange(numel) % 11).float()
+
+
+def open_transport(algorithm, mode, options, numel=NUMEL):
+    return W.WindowTransport(numel, algorithm=algorithm, mode=mode, options=options)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def no_lost_update():
+    """Thousands of concurrent integer pushes with lr=1: the global weights lose none of them."""
+    workers, rank = ha.size(), ha.rank()
+    cases = [("asgd", "accumulate", {}, 1500),
+             ("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, 400),
+             ("softsync", "mailbox", {"n": workers, "staleness_lr": False}, 400)]
+    for algorithm, mode, options, pushes in cases:
+        t = open_transport(algorithm, mode, options)
+        flat = integer_init().clone() if rank == 0 else torch.zeros(NUMEL)
+        t.publish_(flat)
+        bad = torch.nonzero(flat != integer_init()).flatten()
+        check(len(bad) == 0, f"{algorithm}: publish_ gave other weights at {bad[:5].tolist()}..{bad[-5:].tolist()}: {flat[bad[:5]].tolist()}")
+        pushed = torch.zeros(NUMEL, dtype=torch.float64)
+        hist = np.zeros((t.servers, W.HIST_BINS), dtype=np.int64)
+        last = np.full(t.servers, -1)
+        for i in range(pushes):
+            g = integer_grad(rank, i)
+            if mode == "accumulate":
+                staleness = t.accumulate(-g)  # the delta of w -= 1 * g
+                versions = t.latest_versions.copy()
+                if i % 10 == 0:
+                    t.pull(flat)
+            else:
+                answers = t.push(g, flat, {W.H_LR: 1.0})
+                check((answers[:, W.R_STATUS] == W.STATUS_APPLIED).all(), f"{algorithm}: push refused")
+                staleness, versions = answers[:, W.R_STALENESS].astype(int), answers[:, W.R_VERSION]
+            check((versions > last).all(), f"{algorithm}: versions went {last} -> {versions}")
+            last = versions
+            for k, s in enumerate(staleness):
+                hist[k, min(int(s), W.HIST_BINS - 1)] += 1
+            pushed += g.double()
+        total = ha.worker_comm().allreduce(pushed.numpy())
+        all_hist = ha.worker_comm().allreduce(hist)
+        t.barrier()
+        t.pull(flat)
+        expected = integer_init().double().numpy() - total
+        check(np.array_equal(flat.double().numpy(), expected),
+              f"{algorithm}: {int((flat.double().numpy() != expected).sum())} element(s) lost updates")
+        for k, row in enumerate(t.read_stats()):
+            check(row["version"] == pushes * workers and row["pushes"] == pushes * workers,
+                  f"{algorithm}: shard {k} counted {row}, expected {pushes * workers} pushes")
+            check(row["staleness_hist"] == all_hist[k].tolist(),
+                  f"{algorithm}: shard {k} staleness counted by the server {row['staleness_hist'][:8]} "
+                  f"!= reported by the workers {all_hist[k][:8].tolist()}")
+        t.barrier()
+        t.close()
+
+
+def _round_robin(opt, param, grads, *, rounds):
+    """Workers push in turn (worker t % W at turn t), each push finished before the next starts."""
+    workers, rank = ha.size(), ha.rank()
+    for turn in range(rounds * workers):
+        if turn % workers == rank:
+            param.grad = grads[turn].clone()
+            opt.step()
+        ha.worker_comm().Barrier()
+    opt.synchronize()
+    return param.detach().clone()
+
+
+def _sequence(numel, turns, *, integer, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    if integer:
+        return [torch.randint(-4, 5, (numel,), generator=gen).float() for _ in range(turns)]
+    return [torch.randn(numel, generator=gen) for _ in range(turns)]
+
+
+def _run(algorithm, init, grads, *, lr, momentum=0.0, rounds, **options):
+    param = torch.nn.Parameter(init.clone())
+    opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=lr, momentum=momentum),
+                                  named_parameters=[("w", param)], algorithm=algorithm, **options)
+    final = _round_robin(opt, param, grads, rounds=rounds)
+    opt.close()
+    return final
+
+
+def dc_formula():
+    """dc-asgd's server steps equal the paper's formula replayed by hand, for a fixed sequence."""
+    workers, numel, rounds = ha.size(), 37, 5
+    init = torch.linspace(-1, 1, numel)
+    grads = _sequence(numel, rounds * workers, integer=False)
+    for lam, adaptive, momentum in ((0.5, False, 0.0), (0.3, True, 0.0), (0.5, False, 0.5)):
+        got = _run("dc-asgd", init, grads, lr=0.1, momentum=momentum, rounds=rounds, lam=lam,
+                   adaptive=adaptive, ms_momentum=0.9)
+        # by hand, in float64: w <- w - lr * buf_m, buf_m <- mom * buf_m + g + lam_t * g * g * (w - bak_m)
+        w = init.double().numpy().copy()
+        backup = [w.copy() for _ in range(workers)]
+        buf = [np.zeros(numel) for _ in range(workers)]
+        ms = np.zeros(numel)
+        for turn, g in enumerate(grads):
+            m, g = turn % workers, g.double().numpy()
+            ms = 0.9 * ms + 0.1 * g * g
+            lam_t = lam / np.sqrt(ms + 1e-7) if adaptive else lam
+            buf[m] = momentum * buf[m] + g + lam_t * g * g * (w - backup[m])
+            w = w - 0.1 * buf[m]
+            backup[m] = w.copy()
+        check(np.allclose(got.double().numpy(), w, rtol=1e-5, atol=1e-5),
+              f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum}: max error "
+              f"{np.abs(got.double().numpy() - w).max()}")
+
+
+def equivalences():
+    """dc-asgd with lam=0 and softsync with n=workers (rate not scaled) equal asgd exactly; softsync
+    with the rate scaled follows g / max(1, staleness); 1-softsync equals ssgd's averaging."""
+    workers, numel, rounds = ha.size(), 29, 6
+    init = (torch.arange(numel) % 5).float()
+    grads = _sequence(numel, rounds * workers, integer=True)  # with lr=0.5 every sum is exact
+    asgd = _run("asgd", init, grads, lr=0.5, rounds=rounds)
+    dc0 = _run("dc-asgd", init, grads, lr=0.5, rounds=rounds, lam=0.0)
+    soft = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers, staleness_lr=False)
+    check(torch.equal(dc0, asgd), f"dc-asgd lam=0 != asgd: {(dc0 - asgd).abs().max()}")
+    check(torch.equal(soft, asgd), f"softsync n=workers != asgd: {(soft - asgd).abs().max()}")
+    scaled = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers)
+    w = init.double().numpy().copy()
+    for turn, g in enumerate(grads):  # round robin: worker m last received the weights of its turn
+        staleness = min(turn, workers - 1)
+        w = w - 0.5 * g.double().numpy() / max(1, staleness)
+    check(np.allclose(scaled.double().numpy(), w, rtol=1e-6, atol=1e-6), "softsync's scaled rate is off")
+
+    # 1-softsync: every worker pushes each round; the server averages all of them (like ssgd)
+    def lockstep(algorithm, **options):
+        param = torch.nn.Parameter(init.clone())
+        opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=0.5), named_parameters=[("w", param)],
+                                      algorithm=algorithm, **options)
+        for r in range(rounds):
+            param.grad = grads[r * workers + ha.rank()].clone()
+            opt.step()
+        if algorithm != "ssgd":
+            check(opt.stats()["staleness_max"] == 0, "1-softsync reported stale gradients")
+            opt.synchronize()
+        opt.close()
+        return param.detach().clone()
+
+    sync = lockstep("softsync", n=1)
+    check(torch.allclose(sync, lockstep("ssgd"), rtol=1e-6, atol=1e-6), "1-softsync != ssgd")
+
+
+def nonfinite():
+    """A NaN gradient is skipped and counted, never applied; the others still are."""
+    workers, rank, numel = ha.size(), ha.rank(), 11
+    init = (torch.arange(numel) % 3).float()
+    grads = _sequence(numel, 2 * workers, integer=True)
+    poisoned = [g.clone() for g in grads]
+    poisoned[0][3] = float("nan")  # worker 0's first push
+    for algorithm in ("asgd", "dc-asgd", "softsync"):
+        options = {"lam": 0.0} if algorithm == "dc-asgd" else {}
+        if algorithm == "softsync":
+            options = {"n": workers, "staleness_lr": False}
+        param = torch.nn.Parameter(init.clone())
+        opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=0.5), named_parameters=[("w", param)],
+                                      algorithm=algorithm, **options)
+        _round_robin(opt, param, poisoned, rounds=2)
+        check(opt.stats()["skipped_nonfinite"] == (1 if rank == 0 else 0),
+              f"{algorithm}: skipped_nonfinite={opt.stats()['skipped_nonfinite']}")
+        expected = init - 0.5 * sum(grads[1:])
+        check(torch.equal(param.detach(), expected), f"{algorithm}: the NaN push changed the weights")
+        opt.close()
+    # a NaN that reaches a server directly is refused there too
+    t = open_transport("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, numel)
+    flat = init.clone()
+    t.publish_(flat)
+    answers = t.push(torch.full((numel,), float("inf")), flat, {W.H_LR: 1.0})
+    check((answers[:, W.R_STATUS] == W.STATUS_SKIPPED).all(), "server applied an infinite gradient")
+    check(torch.equal(flat, init), "an infinite gradient reached the weights")
+    t.barrier()
+    t.close()
+
+
+def _expect_error(exc_type, fragment, make):
+    try:
+        make()
+    except exc_type as exc:
+        check(fragment in str(exc), f"error {str(exc)!r} does not say {fragment!r}")
+        return
+    raise AssertionError(f"expected {exc_type.__name__} saying {fragment!r}")
+
+
+def bad_input():
+    """Bad values fail on every worker at construction, before any window opens, and nothing hangs."""
+    workers, rank = ha.size(), ha.rank()
+
+    def make(algorithm, shape=(2, 3), optimizer=torch.optim.SGD, **options):
+        param = torch.nn.Parameter(torch.zeros(shape))
+        return ha.DistributedOptimizer(optimizer([param], lr=0.1), named_parameters=[("layer.weight", param)],
+                                       algorithm=algorithm, **options)
+
+    if workers > 1:
+        shape = (3, 3) if rank == workers - 1 else (2, 3)
+        _expect_error(ValueError, "'layer.weight' (2, 3) torch.float32 on worker 0 but 'layer.weight' "
+                                  "(3, 3)", lambda: make("asgd", shape=shape))
+    _expect_error(ValueError, f"between 1 and the number of workers ({workers}), got {workers + 1}",
+                  lambda: make("softsync", n=workers + 1))
+    _expect_error(ValueError, "lam must be a number >= 0", lambda: make("dc-asgd", lam=-0.1))
+    _expect_error(ValueError, "pull_every must be an integer >= 1", lambda: make("asgd", pull_every=0))
+    _expect_error(TypeError, "wrap a torch.optim.SGD (got Adam)",
+                  lambda: make("dc-asgd", optimizer=torch.optim.Adam))
+    _expect_error(TypeError, "unknown option(s) 'lamda'", lambda: make("dc-asgd", lamda=0.1))
+    opt = make("asgd")  # the servers still answer after all that
+    opt.close()
+
+
+def shutdown():
+    """A worker that finishes early does not hold up the others; serve() ends after the last one."""
+    workers, rank = ha.size(), ha.rank()
+    early = rank == workers - 1 and workers > 1
+    stayers = ha.worker_comm().Split(0 if not early else 1, rank)
+    t = open_transport("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95})
+    flat = integer_init().clone()
+    t.publish_(flat)
+    pushed = torch.zeros(NUMEL, dtype=torch.float64)
+    for i in range(5 if early else 300):
+        g = integer_grad(rank, i)
+        t.push(g, flat, {W.H_LR: 1.0})
+        pushed += g.double()
+    total = ha.worker_comm().allreduce(pushed.numpy())  # the early worker's part is in here
+    if early:
+        t.close()  # returns once the others have closed too; they keep being served meanwhile
+        print(f"EARLY WORKER {rank} CLOSED", flush=True)
+    else:
+        stayers.Barrier()
+        t.request_async(W.KIND_PULL, out=flat).wait()
+        check(np.array_equal(flat.double().numpy(), integer_init().double().numpy() - total),
+              "updates were lost around the early worker's exit")
+        stayers.Barrier()
+        t.close()
+    stayers.Free()
+
+
+CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, equivalences, nonfinite, bad_input, shutdown)}
+
+
+def main(names):
+    ha.init(servers=int(os.environ.get("SERVERS", "1")))
+    if ha.is_server():
+        report = ha.serve()
+        for s in report.shards:
+            print(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
+                  f"skipped={s.skipped_nonfinite}", flush=True)
+        print(f"SERVER {ha.world_rank()} DONE order={report.workers_done}", flush=True)
+        return
+    try:
+        for name in names or CHECKS:
+            CHECKS[name]()
+            ha.worker_comm().Barrier()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    ha.shutdown()
+    if ha.rank() == 0:
+        print(f"PS CHECKS OK {' '.join(names or CHECKS)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,83 @@
+"""The parameter-server family (asgd, dc-asgd, softsync) under mpirun: transport invariants, rules
+against hand-computed replays, shutdown and bad input (tests/mpi/ps_checks.py) at 2 to 5 ranks with
+1 and 2 server shards, shared memory on and off; and the training job on digits."""
+import json
+import re
+
+import pytest
+
+from procs import mpirun, python, run
+
+CLI = python("-m", "hvd_async.cli")
+MODES = {"shm": False, "no-shm": True}
+
+
+@pytest.mark.parametrize("np,servers,mode", [
+    (2, 1, "shm"), (3, 1, "no-shm"), (3, 2, "shm"), (4, 1, "shm"), (4, 2, "no-shm"),
+    (5, 1, "no-shm"), (5, 2, "shm"),
+])
+def test_parameter_server_checks(np, servers, mode):
+    result = mpirun(np, python("tests/mpi/ps_checks.py"), no_shm=MODES[mode], env={"SERVERS": str(servers)},
+                    timeout=300)
+    assert result.returncode == 0, result.out[-6000:]
+    assert "PS CHECKS OK no_lost_update dc_formula equivalences nonfinite bad_input shutdown" in result.out
+    done = re.findall(r"SERVER (\d) DONE order=\[([\d, ]*)\]", result.out)
+    assert sorted(int(s) for s, _ in done) == list(range(servers)), result.out[-3000:]
+    for _, order in done:  # serve() returned only once every worker had finished
+        assert sorted(int(r) for r in order.split(",")) == list(range(servers, np))
+    if np - servers > 1:
+        assert f"EARLY WORKER {np - servers - 1} CLOSED" in result.out
+    # per shard: the 1001-element no-lost-update buffer is cut into contiguous, near-equal shards
+    pushes = 1500 * (np - servers)
+    sizes = sorted(int(n) for n in re.findall(rf"SHARD \d asgd numel=(\d+) updates={pushes} pushes={pushes}",
+                                              result.out))
+    assert sizes == sorted([1001 // servers + (k < 1001 % servers) for k in range(servers)]), sizes
+
+
+@pytest.mark.parametrize("algo", ["asgd", "dc-asgd", "softsync"])
+def test_job_reaches_accuracy_with_a_parameter_server(tmp_path, algo):
+    """The issue's acceptance runs: --np 5 --servers 1 on digits reach test accuracy >= 0.90."""
+    metrics, logdir = tmp_path / "m.json", tmp_path / "tb"
+    result = run(CLI + ["train", "--algo", algo, "--np", "5", "--servers", "1", "--dataset", "digits",
+                        "--metrics-out", str(metrics), "--logdir", str(logdir)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    assert (record["workers"], record["servers"]) == (4, 1)
+    assert record["final_test_accuracy"] >= 0.90, record["history"]
+    # one epoch is one pass worth of pushes from all workers together: 45 batches of 32 per epoch
+    assert record["updates"] >= 10 * 45
+    assert sum(record["staleness_hist"]) >= 10 * 45 - 4  # every push but skipped ones counted
+    assert record["staleness_max"] == len(record["staleness_hist"]) - 1
+    assert 0 <= record["staleness_mean"] <= record["staleness_max"]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    assert "staleness" in acc.Tags()["histograms"], acc.Tags()
+    assert len(acc.Histograms("staleness")) >= 1
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--algo", "dc-asgd", "--lam", "-1"], "--lam must be >= 0, got -1.0"),
+    (["--algo", "softsync", "--np", "5", "--softsync-n", "5"], "--softsync-n 5 must be between 1 and "
+                                                               "the number of workers (4)"),
+    (["--algo", "asgd", "--servers", "0"], "--servers 0: algorithm 'asgd' needs at least one server"),
+    (["--algo", "asgd", "--pull-every", "0"], "--pull-every must be >= 1, got 0"),
+])
+def test_bad_parameter_server_options_exit_2(argv, match):
+    result = run(CLI + ["train", *argv], timeout=60)
+    assert result.returncode == 2, result.out
+    lines = result.out.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], result.out
+
+
+def test_window_transport_needs_a_server():
+    program = ("import hvd_async as ha, torch\n"
+               "ha.init(servers=0)\n"
+               "p = torch.nn.Parameter(torch.zeros(3))\n"
+               "ha.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[('p', p)], "
+               "algorithm='asgd')\n")
+    result = mpirun(2, python("-c", program), timeout=120)
+    assert result.returncode != 0
+    assert "keeps its weights on parameter servers, but this job has none" in result.out
