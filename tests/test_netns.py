@@ -5,6 +5,7 @@ where the tool is absent or the machine refuses network namespaces (needs root a
 """
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -45,3 +46,25 @@ def test_ssgd_job_across_hosts_equals_one_node(cluster, tmp_path):
     assert [h["train_loss"] for h in a["history"]] == pytest.approx([h["train_loss"] for h in b["history"]],
                                                                     rel=1e-6)
     assert a["final_test_accuracy"] == b["final_test_accuracy"]
+
+
+@pytest.mark.parametrize("np,servers", [(4, 1), (5, 2)])
+def test_parameter_server_checks_across_hosts(cluster, np, servers):
+    """No lost update and early shutdown with the server shards on other hosts than their workers."""
+    result = run(["bash", TOOL, "mpirun", "-np", str(np), "-x", "SERVERS",
+                  *python("tests/mpi/ps_checks.py", "no_lost_update", "shutdown")],
+                 timeout=400, env=dict(ENV, SERVERS=str(servers)))
+    assert result.returncode == 0, result.out[-5000:]
+    assert "PS CHECKS OK no_lost_update shutdown" in result.out, result.out[-3000:]
+    assert len(re.findall(r"SERVER \d DONE", result.out)) == servers
+
+
+def test_dc_asgd_job_across_hosts(cluster, tmp_path):
+    metrics = tmp_path / "dc.json"
+    result = run(["bash", TOOL, "mpirun", "-np", "5",
+                  *python("-m", "hvd_async.train", "--algo", "dc-asgd", "--servers", "1",
+                          "--metrics-out", str(metrics))], timeout=400, env=ENV)
+    assert result.returncode == 0, result.out[-5000:]
+    record = json.loads(metrics.read_text())
+    assert record["workers"] == 4 and record["final_test_accuracy"] >= 0.9, record["history"]
+    assert record["staleness_max"] >= 1  # workers on three hosts do not push in lockstep

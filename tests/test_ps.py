@@ -81,3 +81,21 @@ def test_window_transport_needs_a_server():
     result = mpirun(2, python("-c", program), timeout=120)
     assert result.returncode != 0
     assert "keeps its weights on parameter servers, but this job has none" in result.out
+
+
+def test_windows_that_cannot_be_created_fail_with_the_mca_setting_to_use():
+    # osc/pt2pt refuses windows under MPI_THREAD_MULTIPLE, as the default component does across hosts
+    program = ("import hvd_async as ha, torch\n"
+               "ha.init(servers=1)\n"
+               "if ha.is_server():\n"
+               "    ha.serve()\n"
+               "else:\n"
+               "    p = torch.nn.Parameter(torch.zeros(3))\n"
+               "    ha.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[('p', p)], "
+               "algorithm='asgd')\n")
+    from hvd_async.launcher import mpirun_command
+
+    result = run(mpirun_command(3, python("-c", program), mpi_args="--mca osc pt2pt"), timeout=120)
+    assert result.returncode != 0
+    assert "one-sided MPI windows could not be created" in result.out
+    assert "--mca osc ucx -x UCX_TLS=tcp,self" in result.out

@@ -1,0 +1,79 @@
+"""The parameter-server rules and layout in one process, against numbers worked out by hand."""
+import pytest
+import torch
+
+from hvd_async.algorithms.base import parse_options
+from hvd_async.algorithms.ps import ASGDOptions, DCASGDOptions, SoftSyncOptions
+from hvd_async.rules import DCRule, SGDRule, staleness_scaled_mean_
+from hvd_async.transport.window import shard_bounds
+
+
+def test_shards_are_contiguous_and_near_equal():
+    assert shard_bounds(10, 1) == [(0, 10)]
+    assert shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]  # more shards than elements: some empty
+    with pytest.raises(ValueError, match="shards >= 1"):
+        shard_bounds(5, 0)
+
+
+def test_sgd_rule_momentum_and_weight_decay_by_hand():
+    w, state = torch.tensor([1.0, -2.0]), {}
+    rule = SGDRule()
+    rule.apply_(w, torch.tensor([0.5, 1.0]), state, lr=0.1, momentum=0.9, weight_decay=0.1)
+    # d = g + 0.1 w = [0.6, 0.8]; buf = d; w = [1 - 0.06, -2 - 0.08]
+    assert torch.allclose(w, torch.tensor([0.94, -2.08]))
+    rule.apply_(w, torch.tensor([0.5, 1.0]), state, lr=0.1, momentum=0.9, weight_decay=0.1)
+    # d = [0.5 + 0.094, 1 - 0.208] = [0.594, 0.792]; buf = 0.9 * [0.6, 0.8] + d = [1.134, 1.512]
+    assert torch.allclose(state["momentum_buffer"], torch.tensor([1.134, 1.512]))
+    assert torch.allclose(w, torch.tensor([0.94 - 0.1134, -2.08 - 0.1512]))
+
+
+def test_dc_rule_by_hand():
+    w = torch.tensor([1.0, 2.0])
+    state = DCRule(0.5).init(w)
+    state["backup"] = {3: torch.tensor([0.5, 2.0])}
+    DCRule(0.5).apply_(w, torch.tensor([2.0, -1.0]), state, lr=0.1, worker=3)
+    # g + 0.5 g^2 (w - w_bak) = [2 + 0.5 * 4 * 0.5, -1 + 0] = [3, -1]
+    assert torch.allclose(w, torch.tensor([0.7, 2.1]))
+
+
+def test_dc_rule_adaptive_by_hand():
+    w = torch.tensor([1.0])
+    rule = DCRule(0.2, adaptive=True, ms_momentum=0.5, eps=1e-12)
+    state = rule.init(w)
+    state["backup"] = [torch.tensor([0.0])]
+    rule.apply_(w, torch.tensor([2.0]), state, lr=0.1, worker=0)
+    # MS = 0.5 * 4 = 2; lam = 0.2 / sqrt(2); step = 2 + lam * 4 * 1
+    assert state["mean_square"].item() == pytest.approx(2.0)
+    assert w.item() == pytest.approx(1.0 - 0.1 * (2.0 + 0.2 / 2 ** 0.5 * 4.0), rel=1e-6)
+
+
+def test_dc_rule_with_lam_zero_is_sgd():
+    g = torch.tensor([0.3, -0.7])
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])
+    DCRule(0.0).apply_(a, g, {"backup": [torch.zeros(2)]}, lr=0.05)
+    SGDRule().apply_(b, g, {}, lr=0.05)
+    assert torch.equal(a, b)
+
+
+def test_staleness_scaled_mean_by_hand():
+    out = torch.zeros(2)
+    staleness_scaled_mean_([torch.tensor([4.0, 8.0]), torch.tensor([6.0, 3.0])], [0, 3], out)
+    assert out.tolist() == [(4.0 + 2.0) / 2, (8.0 + 1.0) / 2]
+    staleness_scaled_mean_([torch.tensor([4.0, 8.0]), torch.tensor([6.0, 3.0])], [0, 3], out, scale=False)
+    assert out.tolist() == [5.0, 5.5]
+    with pytest.raises(ValueError, match="one staleness per gradient"):
+        staleness_scaled_mean_([torch.zeros(2)], [0, 1], out)
+
+
+@pytest.mark.parametrize("cls,options,match", [
+    (DCASGDOptions, {"lam": -0.5}, "lam must be a number >= 0"),
+    (DCASGDOptions, {"lam": "big"}, "lam must be a number >= 0"),
+    (DCASGDOptions, {"ms_momentum": 1.0}, r"ms_momentum must be in \[0, 1\)"),
+    (DCASGDOptions, {"adaptive": "yes"}, "adaptive must be True or False"),
+    (SoftSyncOptions, {"n": 0}, "n must be an integer between 1 and the number of workers"),
+    (ASGDOptions, {"pull_every": 1.5}, "pull_every must be an integer >= 1"),
+])
+def test_bad_options_name_the_value(cls, options, match):
+    with pytest.raises(ValueError, match=match):
+        parse_options(cls, "x", options)
