@@ -154,12 +154,6 @@ class _Windows:
             win.Free()
 
 
-def _float_dt():
-    from mpi4py import MPI
-
-    return MPI.FLOAT
-
-
 class Pending:
     """An exchange in flight; ``wait()`` finishes it and returns its result (idempotent)."""
 
@@ -220,10 +214,13 @@ class WindowTransport(Transport):
         self._versions = np.zeros(rt.servers, dtype=np.int64)   # version each shard had at the last pull
         self.latest_versions = np.zeros(rt.servers, dtype=np.int64)  # newest version seen per shard
         self._one = np.ones(1, dtype=np.int64)
-        self._fetched = np.zeros(1, dtype=np.int64)
+        self._fetched = np.zeros(rt.servers, dtype=np.int64)
+        self._hist_due: Optional[np.ndarray] = None  # staleness bins of the last push, not yet counted
         self._answers = np.zeros((rt.servers, R_LEN), dtype=np.float64)
         self._headers = np.zeros((rt.servers, H_LEN), dtype=np.float64)
         self._pending: Optional[Pending] = None
+        self._slice_cache: Dict = {}
+        self._one_t = [self._one, MPI.INT64_T]
         runtime._register_transport(self)
 
     # --- who we are ------------------------------------------------------------------------
@@ -255,12 +252,22 @@ class WindowTransport(Transport):
 
     # --- helpers ------------------------------------------------------------------------------
     def _slices(self, flat: torch.Tensor):
+        """``[(shard, [numpy view, MPI.FLOAT], target), ...]`` over the non-empty shards (cached per buffer)."""
+        key = (flat.data_ptr(), flat.numel(), flat.dtype, flat.device.type)
+        cached = self._slice_cache.get(key)
+        if cached is not None:
+            return cached
         if flat.dtype != torch.float32 or flat.device.type != "cpu" or not flat.is_contiguous() \
                 or flat.numel() != self.spec.numel:
             raise ValueError(f"expected a contiguous CPU float32 tensor of {self.spec.numel} elements, "
                              f"got {flat.dtype} {tuple(flat.shape)} on {flat.device}")
-        array = flat.numpy()
-        return [(k, array[start:stop]) for k, (start, stop) in enumerate(self.bounds) if stop > start]
+        array, F = flat.numpy(), self._MPI.FLOAT
+        slices = [(k, [array[start:stop], F], (0, stop - start, F))
+                  for k, (start, stop) in enumerate(self.bounds) if stop > start]
+        if len(self._slice_cache) > 8:
+            self._slice_cache.clear()
+        self._slice_cache[key] = slices
+        return slices
 
     def _check_idle(self) -> None:
         self._check_open()
@@ -273,8 +280,8 @@ class WindowTransport(Transport):
         worker's ``flat`` is overwritten with them (as ``hvd.broadcast_parameters``)."""
         self._check_idle()
         if self._rank == 0:
-            for k, part in self._slices(flat):
-                self._win.weights.Put([part, _float_dt()], k, target=(0, len(part), _float_dt()))
+            for k, part, target in self._slices(flat):
+                self._win.weights.Put(part, k, target=target)
                 self._win.weights.Flush(k)
         self._workers_comm.Barrier()
         self.pull(flat)
@@ -285,15 +292,16 @@ class WindowTransport(Transport):
         self._check_idle()
         MPI = self._MPI
         versions = np.zeros(self.servers, dtype=np.int64)
+        # The version is read alongside the data (one flush for both): a push landing meanwhile may
+        # be in the weights but not in the version, which counts it as stale: an over-estimate.
         for k in range(self.servers):
-            self._win.meta.Fetch_and_op([self._one, MPI.INT64_T], [versions[k:k + 1], MPI.INT64_T], k,
+            self._win.meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k,
                                         META_VERSION, op=MPI.NO_OP)
-        self._win.meta.Flush_all()
-        requests = [self._win.weights.Rget([part, _float_dt()], k, target=(0, len(part), _float_dt()))
-                    for k, part in self._slices(flat)]
+        requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._slices(flat)]
 
         def finish():
             MPI.Request.Waitall(requests)
+            self._win.meta.Flush_all()
             self._versions[:] = versions
             np.maximum(self.latest_versions, versions, out=self.latest_versions)
             return versions
@@ -302,8 +310,21 @@ class WindowTransport(Transport):
         return self._pending
 
     def pull(self, flat: torch.Tensor) -> np.ndarray:
-        """Read the global weights into ``flat``; returns each shard's version at the read."""
-        return self.pull_async(flat).wait()
+        """Read the global weights into ``flat``; returns each shard's version at the read.
+
+        The blocking twin of ``pull_async`` (the same operations, without request objects)."""
+        self._check_idle()
+        MPI, meta, weights = self._MPI, self._win.meta, self._win.weights
+        versions = np.zeros(self.servers, dtype=np.int64)
+        for k in range(self.servers):
+            meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k, META_VERSION, op=MPI.NO_OP)
+        for k, part, target in self._slices(flat):
+            weights.Get(part, k, target=target)
+        weights.Flush_all()
+        meta.Flush_all()
+        self._versions[:] = versions
+        np.maximum(self.latest_versions, versions, out=self.latest_versions)
+        return versions
 
     def accumulate_async(self, delta: torch.Tensor) -> Pending:
         """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
@@ -313,31 +334,47 @@ class WindowTransport(Transport):
             raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
                                f"uses its server's mailbox: use push()")
         MPI = self._MPI
-        requests = [self._win.weights.Raccumulate([part, _float_dt()], k, target=(0, len(part), _float_dt()),
-                                                  op=MPI.SUM)
-                    for k, part in self._slices(delta)]
+        requests = [self._win.weights.Raccumulate(part, k, target=target, op=MPI.SUM)
+                    for k, part, target in self._slices(delta)]
 
         def finish():
             MPI.Request.Waitall(requests)
-            staleness = np.zeros(self.servers, dtype=np.int64)
-            for k in range(self.servers):
-                self._win.weights.Flush(k)  # the delta is in place before the version says so
-                self._win.meta.Fetch_and_op([self._one, MPI.INT64_T], [self._fetched, MPI.INT64_T], k,
-                                            META_VERSION, op=MPI.SUM)
-                self._win.meta.Flush(k)
-                staleness[k] = max(0, int(self._fetched[0]) - int(self._versions[k]))
-                self.latest_versions[k] = self._fetched[0] + 1
-                self._win.meta.Accumulate([self._one, MPI.INT64_T], k,
-                                          target=(META_HIST + min(int(staleness[k]), HIST_BINS - 1), 1,
-                                                  MPI.INT64_T), op=MPI.SUM)
-            self._win.meta.Flush_all()
-            return staleness
+            return self._count_push()
 
         self._pending = Pending(finish)
         return self._pending
 
+    def _count_push(self) -> np.ndarray:
+        """After a delta was accumulated: make it land, bump the versions, return the staleness."""
+        MPI, meta = self._MPI, self._win.meta
+        self._win.weights.Flush_all()  # the delta is in place before the version says so
+        for k in range(self.servers):
+            meta.Fetch_and_op(self._one_t, [self._fetched[k:k + 1], MPI.INT64_T], k, META_VERSION, op=MPI.SUM)
+        self._send_hist()  # the previous push's staleness rides on this flush
+        meta.Flush_all()
+        staleness = np.maximum(0, self._fetched - self._versions)
+        self.latest_versions[:] = self._fetched + 1
+        self._hist_due = np.minimum(staleness, HIST_BINS - 1)
+        return staleness
+
+    def _send_hist(self) -> None:
+        """Count the last push in each shard's staleness histogram (completed by the next flush)."""
+        if self._hist_due is not None:
+            for k, b in enumerate(self._hist_due):
+                self._win.meta.Accumulate(self._one_t, k,
+                                          target=(META_HIST + int(b), 1, self._MPI.INT64_T), op=self._MPI.SUM)
+            self._hist_due = None
+
     def accumulate(self, delta: torch.Tensor) -> np.ndarray:
-        return self.accumulate_async(delta).wait()
+        """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""
+        self._check_idle()
+        if self.spec.mode != "accumulate":
+            raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
+                               f"uses its server's mailbox: use push()")
+        SUM, weights = self._MPI.SUM, self._win.weights
+        for k, part, target in self._slices(delta):
+            weights.Accumulate(part, k, target=target, op=SUM)
+        return self._count_push()
 
     # --- mailbox ------------------------------------------------------------------------------
     def request_async(self, kind: int, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
@@ -356,9 +393,8 @@ class WindowTransport(Transport):
         MPI = self._MPI
         answered = kind in (KIND_PUSH, KIND_PULL)
         if kind == KIND_PUSH:
-            for k, part in self._slices(grad):
-                self._win.inbox.Put([part, _float_dt()], k,
-                                    target=(self._rank * len(part), len(part), _float_dt()))
+            for k, part, (_, count, F) in self._slices(grad):
+                self._win.inbox.Put(part, k, target=(self._rank * count, count, F))
             self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
         if answered:
             out_parts = self._slices(out)
@@ -377,9 +413,8 @@ class WindowTransport(Transport):
             if not answered:
                 return None
             MPI.Request.Waitall(requests)
-            gets = [self._win.outbox.Rget([part, _float_dt()], k,
-                                          target=(self._rank * len(part), len(part), _float_dt()))
-                    for k, part in out_parts]
+            gets = [self._win.outbox.Rget(part, k, target=(self._rank * count, count, F))
+                    for k, part, (_, count, F) in out_parts]
             MPI.Request.Waitall(gets)
             self._versions[:] = self._answers[:, R_VERSION].astype(np.int64)
             return self._answers.copy()
@@ -394,6 +429,8 @@ class WindowTransport(Transport):
     def read_stats(self) -> List[Dict[str, Any]]:
         """Every shard's counters as they stand (version, pushes, staleness histogram)."""
         self._check_idle()
+        self._send_hist()
+        self._win.meta.Flush_all()
         rows = []
         meta = np.zeros(META_LEN, dtype=np.int64)
         for k in range(self.servers):
@@ -413,6 +450,8 @@ class WindowTransport(Transport):
 
         if self._pending is not None:
             self._pending.wait()
+        self._send_hist()
+        self._win.meta.Flush_all()
         self._closed = True
         for k in range(self.servers):
             self.comm.send(None, dest=k, tag=TAG_CLOSE)

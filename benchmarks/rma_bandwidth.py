@@ -1,0 +1,207 @@
+"""rma_bandwidth: push + pull of a parameter buffer through hvd_async's window transport against raw
+mpi4py ``Accumulate`` + ``Get`` of the same bytes, in the same MPI job.
+
+One server rank and ``--np - 1`` workers. Before serving, every rank creates one raw window per
+size on the server (as ENVIRONMENT.md's raw table: shared lock held, ``Accumulate(SUM)`` then
+``Get``, each completed by ``Flush``); then the server runs :func:`hvd_async.serve`, whose loop keeps
+MPI progressing for both kinds of windows alike. For each size the workers open an asgd transport
+(``accumulate`` of a delta, which also bumps the shard's version and staleness counters, then
+``pull``) and alternate blocks of raw and transport round trips, so drift hits both alike. Printed
+per size: median round trip of each, and the ratio raw time / transport time (1.0: no overhead;
+target >= 0.9 from 1 MB up). Writes JSON and a plot to benchmarks/results/.
+
+    python benchmarks/rma_bandwidth.py --mode shm      # one node, windows in shared memory
+    python benchmarks/rma_bandwidth.py --mode no-shm   # one node, TCP only (how nodes talk)
+    python benchmarks/rma_bandwidth.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
+UNITS = {"KB": 1024, "MB": 1024 ** 2}
+NETNS_TOOL = os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster")
+NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}
+
+
+def parse_size(text: str) -> int:
+    for unit, factor in UNITS.items():
+        if text.upper().endswith(unit) and text[:-2].isdigit():
+            return int(text[:-2]) * factor
+    raise argparse.ArgumentTypeError(f"size {text!r} must look like 64KB or 4MB")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=("shm", "no-shm", "netns"), default="shm",
+                   help="shm: one node; no-shm: one node over TCP; netns: 3 hosts (needs root)")
+    p.add_argument("--np", type=int, default=3, help="MPI ranks: 1 server + np-1 workers")
+    p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated buffer sizes")
+    p.add_argument("--blocks", type=int, default=10, help="alternating blocks (raw, ours) per size")
+    p.add_argument("--seconds", type=float, default=0.25, help="target time of one block")
+    p.add_argument("--out", default=None, help="JSON path (default: results/rma_bandwidth_<mode>.json)")
+    args = p.parse_args(argv)
+    try:
+        args.size_bytes = [parse_size(s) for s in args.sizes.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if args.np < 2:
+        p.error(f"--np must be >= 2 (one server and at least one worker), got {args.np}")
+    if args.blocks < 1 or not args.seconds > 0:
+        p.error("--blocks must be >= 1 and --seconds > 0")
+    args.out = args.out or os.path.join(HERE, "results", f"rma_bandwidth_{args.mode}.json")
+    return args
+
+
+def launch(args) -> int:
+    sys.path.insert(0, ROOT)
+    from hvd_async.launcher import mpirun_command, run
+
+    program = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+    if args.mode != "netns":
+        extra = "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else ""
+        return run(mpirun_command(args.np, program, mpi_args=extra))
+    if not os.path.isfile(NETNS_TOOL):
+        print(f"rma_bandwidth: error: {NETNS_TOOL} not found", file=sys.stderr)
+        return 2
+    env = dict(os.environ, **NETNS_ENV)
+    up = subprocess.run(["bash", NETNS_TOOL, "up", "3"], env=env)
+    if up.returncode != 0:
+        print("rma_bandwidth: error: could not build the netns cluster (needs root)", file=sys.stderr)
+        return 2
+    try:
+        return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(args.np), *program], env=env).returncode
+    finally:
+        subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
+
+
+def bench(args) -> int:
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    import hvd_async as ha
+    from hvd_async.transport.window import WindowTransport
+
+    ha.init(servers=1)
+    world = MPI.COMM_WORLD
+    server = ha.is_server()
+    raw = {}
+    for size in args.size_bytes:  # collective over every rank; the server holds the memory
+        raw[size] = MPI.Win.Allocate(size if server else 0, 4, comm=world)
+    if server:
+        ha.serve()
+        for win in raw.values():
+            win.Free()
+        return 0
+
+    workers = ha.worker_comm()
+    rows = []
+    for size in args.size_bytes:
+        n = size // 4
+        win = raw[size]
+        win.Lock_all()
+        buf, out = np.full(n, 1e-6, dtype=np.float32), np.empty(n, dtype=np.float32)
+        delta, flat = torch.full((n,), 1e-6), torch.zeros(n)
+        transport = WindowTransport(n, algorithm="asgd", mode="accumulate")
+        transport.publish_(flat)
+
+        def raw_round():
+            win.Accumulate([buf, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT), op=MPI.SUM)
+            win.Flush(0)
+            win.Get([out, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT))
+            win.Flush(0)
+
+        def our_round():
+            transport.accumulate(delta)
+            transport.pull(flat)
+
+        for _ in range(3):  # warm up (first touches of the buffers), then size the blocks
+            raw_round()
+            our_round()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            raw_round()
+            our_round()
+        reps = max(5, min(5000, int(args.seconds / max(1e-6, (time.perf_counter() - t0) / 6))))
+        reps = workers.allreduce(reps, op=MPI.MIN)
+        times = {"raw": [], "ours": []}
+        for block in range(args.blocks):
+            for kind in (("raw", "ours") if block % 2 == 0 else ("ours", "raw")):
+                fn = raw_round if kind == "raw" else our_round
+                workers.Barrier()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                times[kind].append((time.perf_counter() - start) / reps)
+        transport.close()
+        win.Unlock_all()
+        mine = {k: statistics.median(v) for k, v in times.items()}
+        everyone = workers.gather(mine, root=0)
+        if ha.rank() == 0:
+            raw_s = statistics.median(e["raw"] for e in everyone)
+            our_s = statistics.median(e["ours"] for e in everyone)
+            row = {"bytes": size, "reps_per_block": reps, "raw_seconds": raw_s, "ours_seconds": our_s,
+                   "raw_GBps": size * 2 / raw_s / 1e9, "ours_GBps": size * 2 / our_s / 1e9,
+                   "ratio": raw_s / our_s}
+            rows.append(row)
+            print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  "
+                  f"ratio {row['ratio']:.3f}  ({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)
+    ha.shutdown()
+    for win in raw.values():
+        win.Free()
+    if ha.rank() == 0:
+        big = [r["ratio"] for r in rows if r["bytes"] >= 1024 ** 2]
+        summary = {"benchmark": "rma_bandwidth", "mode": args.mode, "np": world.size, "workers": workers.size,
+                   "servers": 1, "blocks": args.blocks, "target": 0.9,
+                   "min_ratio_from_1MB": min(big) if big else None, "rows": rows}
+        print(f"mode {args.mode}, {workers.size} workers + 1 server: ratio raw/ours from 1 MB up: "
+              f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.9" if big else "no size >= 1 MB",
+              flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+        plot(summary, os.path.splitext(args.out)[0] + ".png")
+    return 0
+
+
+def _fmt(size: int) -> str:
+    return f"{size // 1024 ** 2}MB" if size >= 1024 ** 2 else f"{size // 1024}KB"
+
+
+def plot(summary, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["rows"]
+    sizes = [r["bytes"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.loglog(sizes, [r["raw_GBps"] for r in rows], "o-", label="raw mpi4py Accumulate+Get")
+    a.loglog(sizes, [r["ours_GBps"] for r in rows], "s-", label="hvd_async accumulate+pull")
+    a.set_xlabel("bytes"), a.set_ylabel("GB/s per worker"), a.legend(fontsize=8)
+    b.semilogx(sizes, [r["ratio"] for r in rows], "o-")
+    b.axhline(summary["target"], color="r", ls="--", label="target 0.9 (from 1 MB)")
+    b.set_xlabel("bytes"), b.set_ylabel("raw time / our time"), b.legend(fontsize=8)
+    fig.suptitle(f"rma_bandwidth ({summary['mode']}, {summary['workers']} workers, 1 server)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+        return launch(args)
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
