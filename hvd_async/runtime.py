@@ -156,12 +156,18 @@ def worker_comm():
     return _worker_runtime("worker_comm()").group
 
 
-def serve(*, poll_interval: float = 0.0005) -> server.ServerReport:
-    """Run the server loop until every worker has finished (see :mod:`hvd_async.server`)."""
+def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05) -> server.ServerReport:
+    """Run the server loop until every worker has finished (see :mod:`hvd_async.server`).
+
+    Args:
+        poll_interval: sleep per loop turn while no worker is active.
+        spin_seconds: after the last sign of activity, keep turning without sleeping this long.
+    """
     rt = _runtime()
     if rt.role is not Role.SERVER:
         raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
-    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, win_comm=rt.win_comm)
+    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
+                        win_comm=rt.win_comm)
     rt.finished = True
     return report
 

@@ -2,8 +2,11 @@
 
 Across nodes a passive-target one-sided call waits until its target rank calls into MPI (see
 ENVIRONMENT.md), so a server never sits in long computation or a long ``time.sleep``: each turn of
-the loop probes the control channel, lets every open shard handle its waiting requests (a bounded
-number each), and sleeps ``poll_interval`` only when nothing was waiting.
+the loop probes the control channel and lets every open shard handle its waiting requests (a
+bounded number each). While workers are active (a request handled, or a shard's version moved by
+one-sided pushes, within the last ``spin_seconds``) it only yields the CPU between turns, so a
+remote ``Get`` or ``Accumulate`` waits microseconds for progress, not a sleep; when idle it sleeps
+``poll_interval`` per turn.
 
 When worker 0 opens a :class:`~hvd_async.transport.window.WindowTransport` it sends the servers a
 ``WindowSpec``; each server then joins the collective window creation and hosts its shard with the
@@ -50,7 +53,8 @@ def _open_shard(ctrl, win_comm, source: int):
     return host
 
 
-def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, win_comm=None) -> ServerReport:
+def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
+        win_comm=None) -> ServerReport:
     """Serve until every world rank in ``workers`` has sent ``TAG_DONE`` on communicator ``ctrl``."""
     from mpi4py import MPI
 
@@ -61,13 +65,14 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, win_comm=Non
     waiting = set(workers)
     hosts = []
     status = MPI.Status()
+    last_activity = time.perf_counter()
     while waiting or hosts:
         report.loop_turns += 1
         for poller in _pollers:
             poller()
         busy = False
         for host in list(hosts):
-            busy = host.poll() > 0 or busy
+            busy = host.poll() > 0 or host.moved() or busy
             if host.all_closed:
                 stats = host.close()
                 hosts.remove(host)
@@ -90,7 +95,9 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, win_comm=Non
                                        "workers must close() their optimizers (shutdown does it)")
             else:
                 raise RuntimeError(f"server: unexpected control message tag {tag} from rank {source}")
-        if not busy:
-            time.sleep(poll_interval)
+        now = time.perf_counter()
+        if busy:
+            last_activity = now
+        time.sleep(0.0 if now - last_activity < spin_seconds else poll_interval)
     report.wall_seconds = time.perf_counter() - start
     return report

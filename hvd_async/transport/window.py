@@ -34,7 +34,6 @@ one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--
 opening fails with a message that says so when the default one cannot create the window.
 """
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -481,6 +480,7 @@ class ShardHost:
             self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
             self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
         self.skipped_nonfinite = 0
+        self._seen_version = 0
         self.closed: set = set()
         self._header = np.zeros(H_LEN, dtype=np.float64)
         self._answer = np.zeros(R_LEN, dtype=np.float64)
@@ -507,6 +507,13 @@ class ShardHost:
         self.sync()
         self._answer[:] = (self.version, staleness, self.meta[META_PUSHES], status)
         self.comm.Send(self._answer, dest=self.spec.servers + worker, tag=TAG_ANSWER)
+
+    def moved(self) -> bool:
+        """Whether the shard's version changed since the last call (one-sided pushes are otherwise
+        invisible to the server loop)."""
+        version = int(self.meta[META_VERSION])
+        moved, self._seen_version = version != self._seen_version, version
+        return moved
 
     @property
     def all_closed(self) -> bool:

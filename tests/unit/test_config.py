@@ -70,3 +70,17 @@ def test_np_must_match_the_mpi_world():
         config.validate(args, world_size=2)
     args = config.validate(config.parse([], launcher=False), world_size=3)  # no --np: the world decides
     assert args.workers == 3
+
+
+def test_every_preset_is_valid():
+    import glob
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    presets = sorted(glob.glob(os.path.join(root, "launch", "presets", "*.yaml")))
+    assert {"ssgd.yaml", "asgd.yaml", "dc-asgd.yaml", "softsync.yaml"} <= {os.path.basename(p) for p in presets}
+    for path in presets:
+        args = _validate(["--config", path])
+        assert args.algo == os.path.basename(path)[:-5]
+        assert args.servers == (0 if args.algo == "ssgd" else 1)
+        assert config.algorithm_options(args) is not None
