@@ -14,6 +14,7 @@ server program of that algorithm (``server_program`` of its strategy class) unti
 has closed the transport.
 """
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List
@@ -98,6 +99,9 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
         now = time.perf_counter()
         if busy:
             last_activity = now
-        time.sleep(0.0 if now - last_activity < spin_seconds else poll_interval)
+        if now - last_activity < spin_seconds:
+            os.sched_yield()  # runnable ranks on this core go first; otherwise straight back to MPI
+        else:
+            time.sleep(poll_interval)
     report.wall_seconds = time.perf_counter() - start
     return report

@@ -157,10 +157,12 @@ def train_worker(args) -> dict:
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         samples += epoch_samples
+        if uses_servers:
+            # first thing after the loop: tell the servers this worker stopped pushing (softsync must
+            # not wait for its gradients), then every worker loads the global weights to evaluate
+            opt.synchronize()
         train_loss = comm.allreduce(float(loss_sum) / max(1, epoch_steps)) / workers
         rates = comm.gather(epoch_samples / epoch_seconds, root=0)
-        if uses_servers:
-            opt.synchronize()  # every worker evaluates the global weights
         accuracy = _evaluate(model, splits.test, rank, workers, comm)
         wait_ms = 1000.0 * wait / max(1, epoch_steps)
         wait_total += wait

@@ -58,6 +58,20 @@ def test_job_reaches_accuracy_with_a_parameter_server(tmp_path, algo):
     assert len(acc.Histograms("staleness")) >= 1
 
 
+@pytest.mark.parametrize("extra", [["--algo", "softsync", "--softsync-n", "2"],
+                                   ["--algo", "dc-asgd", "--dc-adaptive", "--lam", "0.2", "--servers", "2"]])
+def test_job_variants_finish(tmp_path, extra):
+    """2-softsync waits for 2 gradients per update: the epoch ends must not leave a push waiting for a
+    partner that went to evaluate; adaptive dc-asgd over 2 shards."""
+    metrics = tmp_path / "m.json"
+    result = run(CLI + ["train", "--np", "6" if "--servers" in extra else "5", "--epochs", "3",
+                        "--metrics-out", str(metrics), *extra], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    assert record["updates"] >= 3 * 45 and len(record["history"]) == 3
+    assert record["history"][-1]["train_loss"] < record["history"][0]["train_loss"]
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "dc-asgd", "--lam", "-1"], "--lam must be >= 0, got -1.0"),
     (["--algo", "softsync", "--np", "5", "--softsync-n", "5"], "--softsync-n 5 must be between 1 and "

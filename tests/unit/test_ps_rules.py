@@ -77,3 +77,26 @@ def test_staleness_scaled_mean_by_hand():
 def test_bad_options_name_the_value(cls, options, match):
     with pytest.raises(ValueError, match=match):
         parse_options(cls, "x", options)
+
+
+def test_flat_model_views_and_copies():
+    from hvd_async.algorithms.ps import _FlatModel
+
+    a, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.full((3,), 2.0))
+    flat = _FlatModel([a, b])
+    assert flat.views and flat.flat.tolist() == [1, 1, 1, 1, 2, 2, 2]
+    flat.flat[4] = 7.0  # the parameters are views into the flat buffer
+    assert b[0].item() == 7.0
+    a.grad = torch.full((2, 2), 0.5)
+    assert flat.gather_grads().tolist() == [0.5] * 4 + [0.0] * 3  # no grad: zeros
+
+    c = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))  # not float32: copied both ways
+    flat = _FlatModel([c])
+    assert not flat.views
+    flat.flat.fill_(3.0)
+    flat.load_params()
+    assert c.dtype == torch.float64 and c.tolist() == [3.0, 3.0]
+    with torch.no_grad():
+        c.add_(1.0)
+    flat.store_params()
+    assert flat.flat.tolist() == [4.0, 4.0]
