@@ -9,9 +9,13 @@ setup:
 train: setup
 	$(VENV)/bin/hvd-async train --np 4 --metrics-out runs/metrics.json --logdir runs/tb
 
-# Unit tests in one process, then the MPI suites under mpirun at 1, 2 and 4 ranks.
+# Unit tests in one process, then the MPI suites under mpirun at 1 to 5 ranks (and on 3 netns hosts).
 test: setup
 	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider
 
+# Ratios measured side by side in one run each; JSON and plots go to benchmarks/results/.
 bench: setup
 	$(VENV)/bin/python benchmarks/ssgd_overhead.py
+	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode shm
+	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode no-shm
+	$(VENV)/bin/python benchmarks/straggler_throughput.py

@@ -97,7 +97,9 @@ def bench(args) -> int:
     for size in args.size_bytes:  # collective over every rank; the server holds the memory
         raw[size] = MPI.Win.Allocate(size if server else 0, 4, comm=world)
     if server:
-        ha.serve()
+        # Spin for the whole run: the serve loop only sees the transport's activity, and the raw
+        # windows need the same prompt progress across nodes (a sleeping server would slow them).
+        ha.serve(spin_seconds=1e9)
         for win in raw.values():
             win.Free()
         return 0

@@ -5,7 +5,6 @@ ranks serve; workers train on their shard of the data, evaluate the model on the
 after each epoch, and the first worker prints the result, writes TensorBoard scalars (``--logdir``)
 and the metrics JSON (``--metrics-out``).
 """
-import logging
 import os
 import sys
 import time
@@ -15,7 +14,6 @@ import numpy as np
 
 from .config import ConfigError
 
-logger = logging.getLogger(__name__)
 
 
 def _say(msg: str) -> None:
@@ -222,7 +220,11 @@ def main(argv=None) -> int:
     ha.init(servers=args.servers)
     if ha.is_server():
         report = ha.serve()
-        logger.info("server done after %.1f s", report.wall_seconds)
+        for shard in report.shards:
+            hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
+            _say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
+                 f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
+                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped")
         return 0
     try:
         record = train_worker(args)

@@ -44,6 +44,8 @@ def test_job_reaches_accuracy_with_a_parameter_server(tmp_path, algo):
     record = json.loads(metrics.read_text())
     assert (record["workers"], record["servers"]) == (4, 1)
     assert record["final_test_accuracy"] >= 0.90, record["history"]
+    updates = int(re.search(rf"server 0: {algo} shard of \d+ parameters: (\d+) updates", result.out).group(1))
+    assert updates >= 10 * 45  # softsync by default: n = workers, one update per gradient
     # one epoch is one pass worth of pushes from all workers together: 45 batches of 32 per epoch
     assert record["updates"] >= 10 * 45
     assert sum(record["staleness_hist"]) >= 10 * 45 - 4  # every push but skipped ones counted

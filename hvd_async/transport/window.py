@@ -220,6 +220,9 @@ class WindowTransport(Transport):
         self._pending: Optional[Pending] = None
         self._slice_cache: Dict = {}
         self._one_t = [self._one, MPI.INT64_T]
+        self._read = np.zeros(rt.servers, dtype=np.int64)  # versions read by pull()
+        self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         runtime._register_transport(self)
 
     # --- who we are ------------------------------------------------------------------------
@@ -313,17 +316,16 @@ class WindowTransport(Transport):
 
         The blocking twin of ``pull_async`` (the same operations, without request objects)."""
         self._check_idle()
-        MPI, meta, weights = self._MPI, self._win.meta, self._win.weights
-        versions = np.zeros(self.servers, dtype=np.int64)
-        for k in range(self.servers):
-            meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k, META_VERSION, op=MPI.NO_OP)
+        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
+        for k, buf in enumerate(self._read_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
         for k, part, target in self._slices(flat):
             weights.Get(part, k, target=target)
         weights.Flush_all()
         meta.Flush_all()
-        self._versions[:] = versions
-        np.maximum(self.latest_versions, versions, out=self.latest_versions)
-        return versions
+        self._versions[:] = self._read
+        np.maximum(self.latest_versions, self._read, out=self.latest_versions)
+        return self._read.copy()
 
     def accumulate_async(self, delta: torch.Tensor) -> Pending:
         """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
@@ -345,10 +347,10 @@ class WindowTransport(Transport):
 
     def _count_push(self) -> np.ndarray:
         """After a delta was accumulated: make it land, bump the versions, return the staleness."""
-        MPI, meta = self._MPI, self._win.meta
+        meta, add = self._win.meta, self._MPI.SUM
         self._win.weights.Flush_all()  # the delta is in place before the version says so
-        for k in range(self.servers):
-            meta.Fetch_and_op(self._one_t, [self._fetched[k:k + 1], MPI.INT64_T], k, META_VERSION, op=MPI.SUM)
+        for k, buf in enumerate(self._fetch_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
         self._send_hist()  # the previous push's staleness rides on this flush
         meta.Flush_all()
         staleness = np.maximum(0, self._fetched - self._versions)
