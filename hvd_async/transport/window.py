@@ -266,7 +266,7 @@ class WindowTransport(Transport):
         array, F = flat.numpy(), self._MPI.FLOAT
         slices = [(k, [array[start:stop], F], (0, stop - start, F))
                   for k, (start, stop) in enumerate(self.bounds) if stop > start]
-        if len(self._slice_cache) > 8:
+        if len(self._slice_cache) >= 4:  # strategies use 2 or 3 fixed buffers; temporaries churn
             self._slice_cache.clear()
         self._slice_cache[key] = slices
         return slices
@@ -301,7 +301,7 @@ class WindowTransport(Transport):
                                         META_VERSION, op=MPI.NO_OP)
         requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._slices(flat)]
 
-        def finish():
+        def finish(keep=flat):
             MPI.Request.Waitall(requests)
             self._win.meta.Flush_all()
             self._versions[:] = versions
@@ -338,7 +338,7 @@ class WindowTransport(Transport):
         requests = [self._win.weights.Raccumulate(part, k, target=target, op=MPI.SUM)
                     for k, part, target in self._slices(delta)]
 
-        def finish():
+        def finish(keep=delta):  # ``delta`` must outlive the requests reading it
             MPI.Request.Waitall(requests)
             return self._count_push()
 

@@ -53,12 +53,22 @@ def no_lost_update():
         for i in range(pushes):
             g = integer_grad(rank, i)
             if mode == "accumulate":
-                staleness = t.accumulate(-g)  # the delta of w -= 1 * g
+                if i % 2:  # the non-blocking form, finished after some local work
+                    pending = t.accumulate_async(-g)
+                    g.sum()
+                    staleness = pending.wait()
+                else:
+                    staleness = t.accumulate(-g)  # the delta of w -= 1 * g
                 versions = t.latest_versions.copy()
                 if i % 10 == 0:
                     t.pull(flat)
+                elif i % 10 == 5:
+                    t.pull_async(flat).wait()
+            elif i % 2:
+                answers = t.request_async(W.KIND_PUSH, grad=g, out=flat, header={W.H_LR: 1.0}).wait()
             else:
                 answers = t.push(g, flat, {W.H_LR: 1.0})
+            if mode == "mailbox":
                 check((answers[:, W.R_STATUS] == W.STATUS_APPLIED).all(), f"{algorithm}: push refused")
                 staleness, versions = answers[:, W.R_STALENESS].astype(int), answers[:, W.R_VERSION]
             check((versions > last).all(), f"{algorithm}: versions went {last} -> {versions}")
@@ -147,6 +157,8 @@ def equivalences():
     soft = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers, staleness_lr=False)
     check(torch.equal(dc0, asgd), f"dc-asgd lam=0 != asgd: {(dc0 - asgd).abs().max()}")
     check(torch.equal(soft, asgd), f"softsync n=workers != asgd: {(soft - asgd).abs().max()}")
+    lazy = _run("asgd", init, grads, lr=0.5, rounds=rounds, pull_every=3)  # plain SGD's deltas do not
+    check(torch.equal(lazy, asgd), "asgd pull_every=3 lost or repeated a push")  # depend on the weights
     scaled = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers)
     w = init.double().numpy().copy()
     for turn, g in enumerate(grads):  # round robin: worker m last received the weights of its turn
