@@ -126,9 +126,9 @@ def bench(args) -> int:
             win.Get([out, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT))
             win.Flush(0)
 
-        def our_round():
+        def our_round():  # what asgd's step does
             transport.accumulate(delta)
-            transport.pull(flat)
+            transport.pull(flat, after_push=True)
 
         for _ in range(3):  # warm up (first touches of the buffers), then size the blocks
             raw_round()

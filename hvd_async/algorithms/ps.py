@@ -227,7 +227,7 @@ class ASGD(PSStrategy):
         self._record(self.transport.accumulate(self._delta))
         self.global_pushes = int(self.transport.latest_versions[0])
         if (self.steps + 1) % self.options.pull_every == 0:
-            self.transport.pull(self.model.flat)
+            self.transport.pull(self.model.flat, after_push=True)
             self.model.load_params()
 
     def synchronize(self) -> None:

@@ -16,10 +16,10 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
 Two modes:
 
 - ``accumulate`` (asgd): a push is ``Accumulate(SUM)`` of a delta straight into ``weights`` (MPI makes
-  concurrent accumulates to one element atomic, so no update is lost), then ``Fetch_and_op`` on the
-  shard's version counter, whose old value, less the version read at the last pull, is the push's
-  staleness; the worker also adds one to that staleness's bin of the shard's histogram. The server
-  does nothing but keep MPI progressing.
+  concurrent accumulates to one element atomic, so no update is lost) and, in the same round trip,
+  ``Fetch_and_op`` on the shard's version counter, whose old value, less the version read at the
+  last pull, is the push's staleness; the worker also adds one to that staleness's bin of the
+  shard's histogram. The server does nothing but keep MPI progressing.
 - ``mailbox`` (dc-asgd, softsync): the server runs the algorithm's rule (see ``ShardHost``).
 
 Workers hold a shared passive-target lock on every window for the transport's whole life
@@ -311,18 +311,24 @@ class WindowTransport(Transport):
         self._pending = Pending(finish)
         return self._pending
 
-    def pull(self, flat: torch.Tensor) -> np.ndarray:
+    def pull(self, flat: torch.Tensor, *, after_push: bool = False) -> np.ndarray:
         """Read the global weights into ``flat``; returns each shard's version at the read.
 
-        The blocking twin of ``pull_async`` (the same operations, without request objects)."""
+        The blocking twin of ``pull_async`` (the same operations, without request objects). With
+        ``after_push`` (right after this worker's ``accumulate``) the versions that push returned
+        stand for the read, saving a round trip: pushes landing in between then count as stale."""
         self._check_idle()
         meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
-        for k, buf in enumerate(self._read_bufs):
-            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
+        if after_push:
+            self._read[:] = self.latest_versions
+        else:
+            for k, buf in enumerate(self._read_bufs):
+                meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
         for k, part, target in self._slices(flat):
             weights.Get(part, k, target=target)
         weights.Flush_all()
-        meta.Flush_all()
+        if not after_push:
+            meta.Flush_all()
         self._versions[:] = self._read
         np.maximum(self.latest_versions, self._read, out=self.latest_versions)
         return self._read.copy()
@@ -347,11 +353,15 @@ class WindowTransport(Transport):
 
     def _count_push(self) -> np.ndarray:
         """After a delta was accumulated: make it land, bump the versions, return the staleness."""
+        # One round trip: the version bump travels with the delta (MPI does not order operations on
+        # two windows before the flush, so a concurrent pull may see the bump before the delta and
+        # count at most the pushes in flight as one fewer of staleness); the previous push's
+        # staleness bin rides along too.
         meta, add = self._win.meta, self._MPI.SUM
-        self._win.weights.Flush_all()  # the delta is in place before the version says so
         for k, buf in enumerate(self._fetch_bufs):
             meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
-        self._send_hist()  # the previous push's staleness rides on this flush
+        self._send_hist()
+        self._win.weights.Flush_all()
         meta.Flush_all()
         staleness = np.maximum(0, self._fetched - self._versions)
         self.latest_versions[:] = self._fetched + 1

@@ -62,6 +62,8 @@ def no_lost_update():
                 versions = t.latest_versions.copy()
                 if i % 10 == 0:
                     t.pull(flat)
+                elif i % 10 == 3:
+                    t.pull(flat, after_push=True)
                 elif i % 10 == 5:
                     t.pull_async(flat).wait()
             elif i % 2:
