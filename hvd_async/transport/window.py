@@ -18,8 +18,9 @@ Two modes:
 - ``accumulate`` (asgd): a push is ``Accumulate(SUM)`` of a delta straight into ``weights`` (MPI makes
   concurrent accumulates to one element atomic, so no update is lost) and, in the same round trip,
   ``Fetch_and_op`` on the shard's version counter, whose old value, less the version read at the
-  last pull, is the push's staleness; the worker also adds one to that staleness's bin of the
-  shard's histogram. The server does nothing but keep MPI progressing.
+  last pull, is the push's staleness; the worker adds its staleness counts into the shard's
+  histogram every ``HIST_EVERY`` pushes and at ``read_stats``/``close``. The server does nothing
+  but keep MPI progressing.
 - ``mailbox`` (dc-asgd, softsync): the server runs the algorithm's rule (see ``ShardHost``).
 
 Workers hold a shared passive-target lock on every window for the transport's whole life
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 HIST_BINS = 64
 META_VERSION, META_PUSHES, META_HIST = 0, 1, 2
 META_LEN = META_HIST + HIST_BINS
+HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
 # header a worker sends with each mailbox request (float64)
 H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_LEN = range(8)
@@ -214,7 +216,8 @@ class WindowTransport(Transport):
         self.latest_versions = np.zeros(rt.servers, dtype=np.int64)  # newest version seen per shard
         self._one = np.ones(1, dtype=np.int64)
         self._fetched = np.zeros(rt.servers, dtype=np.int64)
-        self._hist_due: Optional[np.ndarray] = None  # staleness bins of the last push, not yet counted
+        self._hist_due = np.zeros((rt.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
+        self._hist_pushes = 0
         self._answers = np.zeros((rt.servers, R_LEN), dtype=np.float64)
         self._headers = np.zeros((rt.servers, H_LEN), dtype=np.float64)
         self._pending: Optional[Pending] = None
@@ -355,26 +358,30 @@ class WindowTransport(Transport):
         """After a delta was accumulated: make it land, bump the versions, return the staleness."""
         # One round trip: the version bump travels with the delta (MPI does not order operations on
         # two windows before the flush, so a concurrent pull may see the bump before the delta and
-        # count at most the pushes in flight as one fewer of staleness); the previous push's
-        # staleness bin rides along too.
+        # count at most the pushes in flight as one fewer of staleness).
         meta, add = self._win.meta, self._MPI.SUM
         for k, buf in enumerate(self._fetch_bufs):
             meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
-        self._send_hist()
         self._win.weights.Flush_all()
         meta.Flush_all()
         staleness = np.maximum(0, self._fetched - self._versions)
         self.latest_versions[:] = self._fetched + 1
-        self._hist_due = np.minimum(staleness, HIST_BINS - 1)
+        self._hist_due[np.arange(self.servers), np.minimum(staleness, HIST_BINS - 1)] += 1
+        self._hist_pushes += 1
+        if self._hist_pushes >= HIST_EVERY:
+            self._send_hist()
         return staleness
 
     def _send_hist(self) -> None:
-        """Count the last push in each shard's staleness histogram (completed by the next flush)."""
-        if self._hist_due is not None:
-            for k, b in enumerate(self._hist_due):
-                self._win.meta.Accumulate(self._one_t, k,
-                                          target=(META_HIST + int(b), 1, self._MPI.INT64_T), op=self._MPI.SUM)
-            self._hist_due = None
+        """Add this worker's uncounted staleness counts into each shard's histogram on its server
+        (one ``Accumulate`` of the whole histogram per shard; completed by the caller's flush)."""
+        if self._hist_pushes:
+            for k in range(self.servers):
+                self._win.meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
+                                          target=(META_HIST, HIST_BINS, self._MPI.INT64_T), op=self._MPI.SUM)
+            self._win.meta.Flush_all()  # the buffer is reused right after
+            self._hist_due[:] = 0
+            self._hist_pushes = 0
 
     def accumulate(self, delta: torch.Tensor) -> np.ndarray:
         """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""

@@ -78,6 +78,7 @@ def no_lost_update():
             for k, s in enumerate(staleness):
                 hist[k, min(int(s), W.HIST_BINS - 1)] += 1
             pushed += g.double()
+        t.read_stats()  # also hands this worker's staleness counts still held locally to the servers
         total = ha.worker_comm().allreduce(pushed.numpy())
         all_hist = ha.worker_comm().allreduce(hist)
         t.barrier()
