@@ -51,9 +51,10 @@ def test_ssgd_job_across_hosts_equals_one_node(cluster, tmp_path):
 @pytest.mark.parametrize("np,servers", [(4, 1), (5, 2)])
 def test_parameter_server_checks_across_hosts(cluster, np, servers):
     """No lost update and early shutdown with the server shards on other hosts than their workers."""
-    result = run(["bash", TOOL, "mpirun", "-np", str(np), "-x", "SERVERS",
+    # 600 pushes per worker through asgd's windows, 160 through each mailbox: thousands in all
+    result = run(["bash", TOOL, "mpirun", "-np", str(np), "-x", "SERVERS", "-x", "PS_SCALE",
                   *python("tests/mpi/ps_checks.py", "no_lost_update", "shutdown")],
-                 timeout=400, env=dict(ENV, SERVERS=str(servers)))
+                 timeout=600, env=dict(ENV, SERVERS=str(servers), PS_SCALE="0.4"))
     assert result.returncode == 0, result.out[-5000:]
     assert "PS CHECKS OK no_lost_update shutdown" in result.out, result.out[-3000:]
     assert len(re.findall(r"SERVER \d DONE", result.out)) == servers
