@@ -333,23 +333,22 @@ class SoftSync(_MailboxStrategy):
     Options = SoftSyncOptions
 
     def __init__(self, optimizer, named_parameters, transport, options):
-        workers = transport.size
-        if options.n is None:
-            options.n = workers
-        if not 1 <= options.n <= workers:
-            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
+        self._resolve_n(options, transport.size)
         super().__init__(optimizer, named_parameters, transport, options)
 
     @classmethod
     def make_transport(cls, named_parameters, options):
         from .. import runtime
 
-        workers = runtime.size()
+        cls._resolve_n(options, runtime.size())  # before the servers are asked to open anything
+        return super().make_transport(named_parameters, options)
+
+    @staticmethod
+    def _resolve_n(options, workers: int) -> None:
         if options.n is None:
             options.n = workers
         if not 1 <= options.n <= workers:
             raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
-        return super().make_transport(named_parameters, options)
 
     @classmethod
     def server_options(cls, options) -> Dict:
