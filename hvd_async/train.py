@@ -78,6 +78,7 @@ def train_worker(args) -> dict:
 
     import hvd_async as ha
     from . import data, models, registry
+    from .transport.window import staleness_summary
     from .config import algorithm_options
     from .metrics import RunMetrics
 
@@ -182,16 +183,14 @@ def train_worker(args) -> dict:
     total_samples = comm.allreduce(samples)
     train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
     opt.close()
-    taus = np.arange(len(staleness_seen))
-    pushes = int(staleness_seen.sum())
+    staleness_mean, staleness_max = staleness_summary(staleness_seen)
     final_accuracy = metrics.history[-1]["test_accuracy"] if reporter else None
     return metrics.finish(
         args.metrics_out, steps=steps, final_test_accuracy=final_accuracy, final_train_loss=train_loss,
         wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4),
         samples_per_second=total_samples / max(train_seconds, 1e-9),
         step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
-        staleness_mean=float((taus * staleness_seen).sum() / pushes) if pushes else 0.0,
-        staleness_max=int(taus[staleness_seen > 0].max()) if pushes else 0,
+        staleness_mean=staleness_mean, staleness_max=staleness_max,
         staleness_hist=staleness_seen.tolist(), updates=opt.progress() if uses_servers else steps * workers)
 
 

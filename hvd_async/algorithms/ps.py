@@ -178,11 +178,8 @@ class PSStrategy(Strategy):
 
     def stats(self) -> Dict:
         pooled = self.hist.sum(axis=0)
-        total = int(pooled.sum())
-        nonzero = np.nonzero(pooled)[0]
-        return {"staleness_mean": float((pooled * np.arange(W.HIST_BINS)).sum() / total) if total else 0.0,
-                "staleness_max": int(nonzero[-1]) if len(nonzero) else 0,
-                "staleness_hist": pooled.tolist(), "pushes": int(self.hist[0].sum()),
+        mean, largest = W.staleness_summary(pooled)
+        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": pooled.tolist(), "pushes": int(self.hist[0].sum()),
                 "skipped_nonfinite": self.skipped_nonfinite}
 
     def state_dict(self):

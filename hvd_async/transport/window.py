@@ -69,6 +69,21 @@ OSC_HINT = ("one-sided MPI windows could not be created: across hosts OpenMPI ne
             "'--mca osc ucx -x UCX_TLS=tcp,self')")
 
 
+def staleness_summary(counts) -> Tuple[float, int]:
+    """Mean and largest staleness of a histogram (count of pushes by staleness 0, 1, ...)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return 0.0, 0
+    taus = np.arange(len(counts))
+    return float((taus * counts).sum() / total), int(taus[counts > 0].max())
+
+
+def _pushes(meta: np.ndarray, mode: str) -> int:
+    """Pushes a shard received: in accumulate mode each one is one update, counted by the version."""
+    return int(meta[META_VERSION] if mode == "accumulate" else meta[META_PUSHES])
+
+
 def shard_bounds(numel: int, shards: int) -> List[Tuple[int, int]]:
     """``[start, stop)`` of each shard of a flat buffer: contiguous, lengths differing by at most one."""
     if numel < 0 or shards < 1:
@@ -112,8 +127,7 @@ class ShardStats:
 
     @property
     def staleness_mean(self) -> float:
-        total = sum(self.staleness_hist)
-        return sum(s * n for s, n in enumerate(self.staleness_hist)) / total if total else 0.0
+        return staleness_summary(self.staleness_hist)[0]
 
 
 def _allocate(comm, count: int, dtype) -> Any:
@@ -454,8 +468,7 @@ class WindowTransport(Transport):
         for k in range(self.servers):
             self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_LEN, self._MPI.INT64_T))
             self._win.meta.Flush(k)
-            pushes = meta[META_VERSION] if self.spec.mode == "accumulate" else meta[META_PUSHES]
-            rows.append({"version": int(meta[META_VERSION]), "pushes": int(pushes),
+            rows.append({"version": int(meta[META_VERSION]), "pushes": _pushes(meta, self.spec.mode),
                          "staleness_hist": meta[META_HIST:].tolist()})
         return rows
 
@@ -567,10 +580,8 @@ class ShardHost:
         """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
-                           int(self.meta[META_PUSHES]), self.skipped_nonfinite,
+                           _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
                            self.meta[META_HIST:].tolist())
-        if self.spec.mode == "accumulate":
-            stats.pushes = stats.updates  # each accumulate is one push and one update
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         self._win.free()
