@@ -16,15 +16,14 @@ to benchmarks/results/.
     python benchmarks/rma_bandwidth.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from common import HERE, ROOT, program, relaunch, save, under_mpirun
+
 SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 UNITS = {"KB": 1024, "MB": 1024 ** 2}
 NETNS_TOOL = os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster")
@@ -64,13 +63,8 @@ def parse_args(argv=None):
 
 
 def launch(args) -> int:
-    sys.path.insert(0, ROOT)
-    from hvd_async.launcher import mpirun_command, run
-
-    program = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
     if args.mode != "netns":
-        extra = "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else ""
-        return run(mpirun_command(args.np, program, mpi_args=extra))
+        return relaunch(__file__, args.np, "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else "")
     if not os.path.isfile(NETNS_TOOL):
         print(f"rma_bandwidth: error: {NETNS_TOOL} not found", file=sys.stderr)
         return 2
@@ -80,7 +74,8 @@ def launch(args) -> int:
         print("rma_bandwidth: error: could not build the netns cluster (needs root)", file=sys.stderr)
         return 2
     try:
-        return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(args.np), *program], env=env).returncode
+        return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(args.np), *program(__file__)],
+                              env=env).returncode
     finally:
         subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
 
@@ -172,10 +167,7 @@ def bench(args) -> int:
         print(f"mode {args.mode}, {workers.size} workers + 1 server: ratio raw/ours from 1 MB up: "
               f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.9" if big else "no size >= 1 MB",
               flush=True)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=2)
-        plot(summary, os.path.splitext(args.out)[0] + ".png")
+        save(summary, args.out, plot)
     return 0
 
 
@@ -205,7 +197,7 @@ def plot(summary, path):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+    if not under_mpirun():
         return launch(args)
     return bench(args)
 

@@ -9,13 +9,12 @@ median with its spread, and writes JSON and a plot to benchmarks/results/.
     mpirun -np 4 python benchmarks/ssgd_overhead.py  # or under an external launcher
 """
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from common import HERE, relaunch, save, under_mpirun
 
 
 def parse_args(argv=None):
@@ -33,13 +32,6 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
-
-
-def launch(args) -> int:
-    sys.path.insert(0, os.path.dirname(HERE))
-    from hvd_async.launcher import mpirun_command, run
-
-    return run(mpirun_command(args.np, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]))
 
 
 def timed_run(kind, args, hvd, ha, torch):
@@ -102,10 +94,7 @@ def bench(args) -> int:
         print(f"throughput ratio ours/plain: median {summary['ratio_median']:.3f} "
               f"(IQR {q[0]:.3f}..{q[2]:.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}) over "
               f"{len(ratios)} pairs at {hvd.size()} workers; target >= 0.97", flush=True)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=2)
-        plot(rows, summary, os.path.splitext(args.out)[0] + ".png")
+        save(summary, args.out, lambda summary, path: plot(rows, summary, path))
     return 0
 
 
@@ -130,8 +119,8 @@ def plot(rows, summary, path):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
-        return launch(args)
+    if not under_mpirun():
+        return relaunch(__file__, args.np)
     return bench(args)
 
 

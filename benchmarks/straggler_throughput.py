@@ -18,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from common import HERE, ROOT, save
 
 
 def parse_args(argv=None):
@@ -77,10 +76,7 @@ def main(argv=None) -> int:
     for algo, ratio in ratios.items():
         print(f"{algo} / ssgd samples/s: {ratio:.2f}" + ("  (target >= 1.5)" if algo == "asgd" else ""),
               flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=2)
-    plot(summary, os.path.splitext(args.out)[0] + ".png")
+    save(summary, args.out, plot)
     return 0
 
 
