@@ -76,6 +76,19 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--softsync-n", type=int, default=d(None), metavar="N",
                    help="softsync: apply an update per floor(workers/N) gradients, N in 1..workers "
                         "(default: workers)")
+    p.add_argument("--local-lr", type=float, default=d(None),
+                   help="od-sgd: rate of the local step (default: --lr; 0: ssgd one step late)")
+    p.add_argument("--local-momentum", type=float, default=d(0.0),
+                   help="od-sgd: momentum of the local step")
+    p.add_argument("--od-exchange", choices=("window", "allreduce"), default=d("window"),
+                   help="od-sgd: global step on parameter servers (window) or by Horovod allreduce "
+                        "among the workers (allreduce, no server)")
+    p.add_argument("--window", type=int, default=d(4),
+                   help="hpsgd: local steps per window (its change is averaged while the next runs)")
+    p.add_argument("--merge-rate", type=float, default=d(1.0),
+                   help="hpsgd: fraction of the averaged change merged into the global model")
+    p.add_argument("--no-overlap", action="store_true", default=d(False),
+                   help="hpsgd: wait for each window's exchange at once (local SGD with averaging)")
     p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
                    help="progress display on the reporting worker (auto: a bar on a terminal)")
     if launcher:
@@ -152,14 +165,20 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:
             raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every"):
+    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
-    for name in ("momentum", "weight_decay", "compute_ms", "lam"):
+    for name in ("momentum", "weight_decay", "compute_ms", "lam", "local_momentum"):
         if not getattr(args, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.local_lr is not None and not args.local_lr >= 0:
+        raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
+    if not args.local_momentum < 1:
+        raise ConfigError(f"--local-momentum must be < 1, got {args.local_momentum}")
+    if not 0 < args.merge_rate < float("inf"):
+        raise ConfigError(f"--merge-rate must be a finite number > 0, got {args.merge_rate}")
     if args.image_size is not None and args.image_size < 1:
         raise ConfigError(f"--image-size must be >= 1, got {args.image_size}")
     if args.np is not None and args.np < 1:
@@ -168,17 +187,19 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
         raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
                           f"launched with; drop --np or launch with mpirun -np {args.np}")
     total = world_size if world_size is not None else args.np
+    uses_servers = row.uses_servers and not (args.algo == "od-sgd" and args.od_exchange == "allreduce")
     if args.servers is None:
-        args.servers = 1 if row.uses_servers else 0
+        args.servers = 1 if uses_servers else 0
     if args.servers < 0:
         raise ConfigError(f"--servers must be >= 0, got {args.servers}")
     if total is not None and args.servers >= total:
         raise ConfigError(f"--servers {args.servers} leaves no worker: --np {total} counts every MPI "
                           f"process, servers included; use --servers < {total} or a larger --np")
-    if not row.uses_servers and args.servers:
-        raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r} uses no parameter "
-                          f"server; use --servers 0")
-    if row.uses_servers and args.servers < 1:
+    if not uses_servers and args.servers:
+        raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r}"
+                          f"{' with --od-exchange allreduce' if row.uses_servers else ''} uses no "
+                          f"parameter server; use --servers 0")
+    if uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
     args.workers = None if total is None else total - args.servers
     if args.softsync_n is not None and not (
@@ -211,4 +232,8 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
         return {"lam": args.lam, "adaptive": args.dc_adaptive}
     if args.algo == "softsync":
         return {"n": args.softsync_n}
+    if args.algo == "od-sgd":
+        return {"local_lr": args.local_lr, "local_momentum": args.local_momentum, "exchange": args.od_exchange}
+    if args.algo == "hpsgd":
+        return {"window": args.window, "merge_rate": args.merge_rate, "overlap": not args.no_overlap}
     return {}

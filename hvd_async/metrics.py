@@ -27,9 +27,15 @@ class RunMetrics:
             self.writer.add_scalar(tag, value, step)
 
     def epoch(self, epoch: int, *, test_accuracy: float, train_loss: float,
-              worker_samples_per_second: List[float], exchange_wait_ms: float) -> Dict:
+              worker_samples_per_second: List[float], exchange_wait_ms: float,
+              timing: Optional[Dict[str, float]] = None) -> Dict:
+        """Record one epoch; ``timing`` (milliseconds per step, averaged over workers) goes to the
+        history and to TensorBoard under ``time/``."""
         entry = {"epoch": epoch, "wall_seconds": round(self.elapsed(), 4),
-                 "test_accuracy": test_accuracy, "train_loss": train_loss}
+                 "test_accuracy": test_accuracy, "train_loss": train_loss, "exchange_wait_ms": exchange_wait_ms}
+        entry.update(timing or {})
+        for name, value in (timing or {}).items():
+            self.scalar(f"time/{name}", value, epoch)
         self.history.append(entry)
         self.scalar("accuracy/test", test_accuracy, epoch)
         self.scalar("loss/train", train_loss, epoch)

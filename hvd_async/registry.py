@@ -39,7 +39,7 @@ _ROWS = (
     AlgorithmInfo("lc-asgd", "ASGD compensated by per-worker loss prediction on the server",
                   "Li, He, Ren, Mao, ICPP 2020", True),
     AlgorithmInfo("od-sgd", "one-step delay SGD: global step on the server, local compensating step",
-                  "Xu et al., arXiv 2005.06728", True),
+                  "Xu et al., arXiv 2005.06728", True, "hvd_async.algorithms.odsgd:ODSGD"),
     AlgorithmInfo("hpsgd", "hierarchical parallel SGD: exchange overlapped with local training",
                   "Zhou et al., arXiv 2009.02701", False),
     AlgorithmInfo("gossip", "gossip aggregation with a random peer through MPI windows",

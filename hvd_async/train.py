@@ -77,7 +77,7 @@ def train_worker(args) -> dict:
     from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
     import hvd_async as ha
-    from . import data, models, registry
+    from . import data, models
     from .transport.window import staleness_summary
     from .config import algorithm_options
     from .metrics import RunMetrics
@@ -95,7 +95,7 @@ def train_worker(args) -> dict:
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                         weight_decay=args.weight_decay),
         named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
-    uses_servers = registry.get(args.algo).uses_servers
+    uses_servers = ha.num_servers() > 0
     global_steps = -(-len(splits.train) // args.batch_size)  # batches in one pass over the data
     if uses_servers:
         # No barrier inside an epoch: each worker draws its own random batches for as long as it
@@ -132,7 +132,8 @@ def train_worker(args) -> dict:
     for epoch in range(1, args.epochs + 1):
         if not uses_servers:
             sampler.set_epoch(epoch)
-        epoch_start, epoch_samples, epoch_steps, wait = time.perf_counter(), 0, 0, 0.0
+        epoch_start, epoch_samples, epoch_steps, wait, compute = time.perf_counter(), 0, 0, 0.0, 0.0
+        blocked_before = opt.stats().get("exchange_wait_seconds")
         loss_sum.zero_()
         while (opt.progress() < epoch * global_steps) if uses_servers else (epoch_steps < len(loader)):
             x, y = next(batches)
@@ -145,6 +146,7 @@ def train_worker(args) -> dict:
             opt.step()  # time in here: waiting for the exchange, then the local update
             t2 = time.perf_counter()
             pacer.last_work = t1 - t0
+            compute += t1 - t0
             wait += t2 - t1
             loss_sum += loss.detach()
             steps += 1
@@ -156,19 +158,26 @@ def train_worker(args) -> dict:
         epoch_seconds = time.perf_counter() - epoch_start
         train_seconds += epoch_seconds
         samples += epoch_samples
-        if uses_servers:
-            # first thing after the loop: tell the servers this worker stopped pushing (softsync must
-            # not wait for its gradients), then every worker loads the global weights to evaluate
+        if args.algo != "ssgd":  # (ssgd has nothing in flight after step(); its synchronize reduces again)
+            # first thing after the loop: finish the exchange in flight; the parameter-server
+            # algorithms tell the servers this worker stopped pushing (softsync must not wait for
+            # its gradients); then every worker holds the global weights to evaluate
             opt.synchronize()
+        stats = opt.stats()
+        timing = {"compute_ms_per_step": 1000.0 * compute / max(1, epoch_steps)}
+        if blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
+            timing["exchange_blocked_ms_per_step"] = comm.allreduce(
+                1000.0 * (stats["exchange_wait_seconds"] - blocked_before) / max(1, epoch_steps)) / workers
         train_loss = comm.allreduce(float(loss_sum) / max(1, epoch_steps)) / workers
         rates = comm.gather(epoch_samples / epoch_seconds, root=0)
         accuracy = _evaluate(model, splits.test, rank, workers, comm)
         wait_ms = 1000.0 * wait / max(1, epoch_steps)
         wait_total += wait
-        staleness = _staleness_counts(opt.stats(), comm)
+        staleness = _staleness_counts(stats, comm)
+        timing["compute_ms_per_step"] = comm.allreduce(timing["compute_ms_per_step"]) / workers
         if reporter:
             entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
-                                  worker_samples_per_second=rates, exchange_wait_ms=wait_ms)
+                                  worker_samples_per_second=rates, exchange_wait_ms=wait_ms, timing=timing)
             if staleness.sum() > staleness_seen.sum():
                 metrics.staleness_histogram(staleness, staleness_seen, epoch)
             staleness_seen = staleness
@@ -181,6 +190,7 @@ def train_worker(args) -> dict:
     if bar is not None:
         bar.close()
     total_samples = comm.allreduce(samples)
+    total_steps = comm.allreduce(steps)
     train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
     opt.close()
     staleness_mean, staleness_max = staleness_summary(staleness_seen)
@@ -190,6 +200,8 @@ def train_worker(args) -> dict:
         wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4),
         samples_per_second=total_samples / max(train_seconds, 1e-9),
         step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
+        exchange_blocked_ms_mean=(1000.0 * comm.allreduce(stats["exchange_wait_seconds"]) / max(1, total_steps)
+                                  if "exchange_wait_seconds" in stats else None),
         staleness_mean=staleness_mean, staleness_max=staleness_max,
         staleness_hist=staleness_seen.tolist(), updates=opt.progress() if uses_servers else steps * workers)
 

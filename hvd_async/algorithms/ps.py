@@ -82,6 +82,45 @@ class _FlatModel:
         return self.grad
 
 
+def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
+    """The SGD hyperparameters a push carries to a server-side rule, read from the param groups now
+    (so schedulers work); raises where the server cannot apply what the optimizer says."""
+    groups = optimizer.param_groups
+    first = groups[0]
+    for key in ("nesterov", "maximize"):
+        if first.get(key, False):
+            raise ValueError(f"{algorithm}: {key}=True is not supported on the server; use {key}=False")
+    if first.get("dampening", 0):
+        raise ValueError(f"{algorithm}: dampening={first['dampening']} is not supported; use 0")
+    for group in groups[1:]:
+        for key in ("lr", "momentum", "weight_decay"):
+            if group.get(key) != first.get(key):
+                raise ValueError(f"{algorithm} applies one rate on the server: every param group "
+                                 f"must share {key} (got {first.get(key)} and {group.get(key)})")
+    return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
+            W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0))}
+
+
+def check_server_sgd(algorithm: str, optimizer) -> None:
+    """The rule runs on the servers with SGD's hyperparameters: the wrapped optimizer must be SGD."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise TypeError(f"{algorithm} applies its SGD rule on the parameter servers: wrap a "
+                        f"torch.optim.SGD (got {type(optimizer).__name__}); asgd runs any optimizer")
+    server_sgd_hyper(algorithm, optimizer)
+
+
+def mailbox_snapshot(transport, flat: torch.Tensor) -> None:
+    """Collective over the workers of a mailbox transport: everyone receives the global weights.
+
+    Each worker first tells the servers it is idle (so a synchronous rule does not wait for its
+    gradient), then receives a snapshot (which also becomes its dc-asgd backup), then resumes."""
+    transport.request_async(W.KIND_IDLE).wait()
+    transport.barrier()
+    transport.request_async(W.KIND_PULL, out=flat).wait()
+    transport.request_async(W.KIND_RESUME).wait()
+    transport.barrier()
+
+
 @dataclass
 class ASGDOptions:
     pull_every: int = 1
@@ -245,28 +284,11 @@ class _MailboxStrategy(PSStrategy):
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
-        if not isinstance(optimizer, torch.optim.SGD):
-            raise TypeError(f"{cls.name} applies its SGD rule on the parameter servers: wrap a "
-                            f"torch.optim.SGD (got {type(optimizer).__name__}); asgd runs any optimizer")
-        cls.hyper(optimizer)
+        check_server_sgd(cls.name, optimizer)
 
     @classmethod
     def hyper(cls, optimizer) -> Dict[int, float]:
-        """The SGD hyperparameters every push carries, read from the param groups now."""
-        groups = optimizer.param_groups
-        first = groups[0]
-        for key in ("nesterov", "maximize"):
-            if first.get(key, False):
-                raise ValueError(f"{cls.name}: {key}=True is not supported on the server; use {key}=False")
-        if first.get("dampening", 0):
-            raise ValueError(f"{cls.name}: dampening={first['dampening']} is not supported; use 0")
-        for group in groups[1:]:
-            for key in ("lr", "momentum", "weight_decay"):
-                if group.get(key) != first.get(key):
-                    raise ValueError(f"{cls.name} applies one rate on the server: every param group "
-                                     f"must share {key} (got {first.get(key)} and {group.get(key)})")
-        return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
-                W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0))}
+        return server_sgd_hyper(cls.name, optimizer)
 
     def _exchange(self, grad, loss) -> None:
         header = self.hyper(self.optimizer)
@@ -282,17 +304,9 @@ class _MailboxStrategy(PSStrategy):
         self.global_pushes = int(answers[0, W.R_PUSHES])
 
     def synchronize(self) -> None:
-        """Collective over the workers: every worker loads the global weights (after all pushes).
-
-        Each worker first tells the servers it is idle (so softsync does not wait for it), then
-        receives a snapshot (which also becomes its dc-asgd backup), then resumes.
-        """
-        self.transport.request_async(W.KIND_IDLE).wait()
-        self.transport.barrier()
-        self.transport.request_async(W.KIND_PULL, out=self.model.flat).wait()
+        """Collective over the workers: every worker loads the global weights (after all pushes)."""
+        mailbox_snapshot(self.transport, self.model.flat)
         self.model.load_params()
-        self.transport.request_async(W.KIND_RESUME).wait()
-        self.transport.barrier()
 
 
 class DCASGD(_MailboxStrategy):

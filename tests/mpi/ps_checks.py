@@ -6,12 +6,12 @@ no rank is left waiting.
 """
 import os
 import sys
-import traceback
 
 import numpy as np
 import torch
 
 import hvd_async as ha
+from harness import check, main
 from hvd_async.transport import window as W
 
 NUMEL = 1001  # not a multiple of 2: the shards differ in length
@@ -29,11 +29,6 @@ def integer_init(numel: int = NUMEL) -> torch.Tensor:
 
 def open_transport(algorithm, mode, options, numel=NUMEL):
     return W.WindowTransport(numel, algorithm=algorithm, mode=mode, options=options)
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def no_lost_update():
@@ -282,30 +277,5 @@ def shutdown():
 CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, equivalences, nonfinite, bad_input, shutdown)}
 
 
-def main(names):
-    ha.init(servers=int(os.environ.get("SERVERS", "1")))
-    if ha.is_server():
-        report = ha.serve()
-        for s in report.shards:
-            print(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
-                  f"skipped={s.skipped_nonfinite}", flush=True)
-        print(f"SERVER {ha.world_rank()} DONE order={report.workers_done}", flush=True)
-        return
-    try:
-        for name in names or CHECKS:
-            CHECKS[name]()
-            ha.worker_comm().Barrier()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(1)
-    ha.shutdown()
-    if ha.rank() == 0:
-        print(f"PS CHECKS OK {' '.join(names or CHECKS)}", flush=True)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(CHECKS, sys.argv[1:], "PS CHECKS OK")

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from hvd_async import DistributedOptimizer
 from hvd_async.transport import LoopbackGroup, ReduceOp
+from threads import run_workers
 
 WORKERS, STEPS, LR = 3, 4, 0.1
 
@@ -22,23 +23,8 @@ def _data(worker, step):
     return torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g)
 
 
-def _run_workers(target):
-    errors = []
-
-    def wrap(rank):
-        try:
-            target(rank)
-        except BaseException as exc:  # surface worker failures in the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrap, args=(r,)) for r in range(WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a worker thread hung"
-    if errors:
-        raise errors[0]
+def _run_workers(target, workers=WORKERS):
+    run_workers(target, workers)
 
 
 def test_loopback_allreduce_average_and_sum():

@@ -1,0 +1,306 @@
+"""od-sgd: one-step delay SGD (Xu et al., arXiv 2005.06728): a synchronous global step whose result
+arrives one iteration late, bridged by a local step.
+
+Iteration ``t`` of worker ``m``, in order:
+
+1. compute ``g_m(t)`` at the local weights ``w_m(t)`` (the caller's forward/backward);
+2. wait for the exchange started at iteration ``t-1``: it yields ``w_g(t) = w_g(t-1) - eta_g *
+   mean_m g_m(t-1)`` (the *global* step, synchronous over workers, with the wrapped optimizer's
+   ``lr``, ``momentum`` and ``weight_decay`` read at every step, so schedulers drive it);
+3. start the exchange of ``g_m(t)`` and return without waiting for it;
+4. the *local* step: ``w_m(t+1) = w_g(t) - eta_l * g_m(t)``, taken by a local optimizer (plain SGD
+   with ``local_lr`` and ``local_momentum`` unless another is given) on the weights ``w_g(t)``.
+
+So iteration ``t``'s exchange runs while iteration ``t+1`` computes: od-sgd hides communication
+behind compute. It does not hide stragglers: the global step waits for every worker's gradient, so
+one slow worker paces all of them (as ssgd), only one step later; use asgd, dc-asgd or softsync
+against stragglers. Every gradient after the first is one global step stale (computed at weights
+derived from ``w_g(t-1)``, applied to ``w_g(t)``); the staleness histogram says so.
+
+Two exchanges, the same arithmetic:
+
+- ``exchange="window"`` (default): the parameter servers hold ``w_g`` in MPI windows; each worker puts
+  ``g_m(t)`` into its inbox slot and the servers apply the global step once every active worker's
+  gradient is in (1-softsync's program, unscaled), leaving ``w_g(t+1)`` in every worker's outbox.
+  The momentum buffer of the global step lives on the servers. One communication thread per worker
+  runs the whole exchange (upload, the servers' step, download), so none of it is on the critical
+  path unless it takes longer than an iteration's compute.
+- ``exchange="allreduce"``: no server; Horovod's ``allreduce_async_`` sums the gradients among the
+  workers (with a count of the finite ones), and every worker applies the same global step to its
+  own copy of ``w_g`` (and of its momentum buffer), so the copies stay identical.
+
+Local optimizer settings (the authors expose them separately): ``local_lr`` (default: the wrapped
+optimizer's ``lr`` at construction), ``local_momentum`` (default 0), ``local_optimizer`` (a callable
+``params -> torch.optim.Optimizer`` replacing the local SGD), ``local_schedule``: ``"follow"``
+(default: the local rates keep their ratio to the global rate as a scheduler changes it), ``"fixed"``,
+or a callable ``step -> local lr``. ``local_lr=0`` makes od-sgd one-step-delayed synchronous SGD.
+
+Non-finite gradients are not exchanged (window: that worker sends none this iteration and its next
+gradient joins the pending global step; allreduce: it contributes zeros and is not counted in the
+mean) and skip the local step; ``stats()["skipped_nonfinite"]`` counts them.
+"""
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from ..rules import SGDRule
+from ..transport import window as W
+from ..transport.base import ReduceOp
+from .base import Strategy
+from .ps import _FlatModel, _SoftSyncProgram, check_server_sgd, mailbox_snapshot, server_sgd_hyper
+
+logger = logging.getLogger(__name__)
+
+EXCHANGES = ("window", "allreduce")
+
+
+@dataclass
+class ODSGDOptions:
+    local_lr: Optional[float] = None
+    local_momentum: float = 0.0
+    local_optimizer: Optional[Callable] = None
+    local_schedule: Any = "follow"
+    exchange: str = "window"
+
+    def __post_init__(self):
+        lr = self.local_lr
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf")):
+            raise ValueError(f"local_lr must be a finite number >= 0 (0: one-step-delayed ssgd), got {lr!r}")
+        mom = self.local_momentum
+        if isinstance(mom, bool) or not isinstance(mom, (int, float)) or not 0 <= mom < 1:
+            raise ValueError(f"local_momentum must be in [0, 1), got {mom!r}")
+        if self.local_optimizer is not None and not callable(self.local_optimizer):
+            raise ValueError(f"local_optimizer must be a callable params -> torch.optim.Optimizer, "
+                             f"got {self.local_optimizer!r}")
+        if not (self.local_schedule in ("follow", "fixed") or callable(self.local_schedule)):
+            raise ValueError(f"local_schedule must be 'follow', 'fixed' or a callable step -> lr, "
+                             f"got {self.local_schedule!r}")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)}, got {self.exchange!r}")
+
+
+class _ServerExchange:
+    """The global step on the parameter servers (mailbox windows), driven by one communication
+    thread so that the whole exchange (gradient upload, the servers' step, the download of
+    ``w_g``) runs while the caller computes the next gradient."""
+
+    def __init__(self, transport, model: _FlatModel, global_w: torch.Tensor):
+        self.transport, self.global_w = transport, global_w
+        self.send = torch.empty_like(model.grad)  # the thread reads and writes only these two
+        self.recv = torch.empty_like(model.grad)
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="od-sgd-exchange")
+        self.future = None
+        self.pushes = 0
+        transport.publish_(model.flat)
+
+    def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
+        if grad is not None:
+            self.send.copy_(grad)
+            self.future = self.thread.submit(self.transport.push, self.send, self.recv, header)
+
+    def finish(self) -> None:
+        """Wait for the exchange in flight (``global_w`` then holds the newer global step)."""
+        if self.future is not None:
+            answers, self.future = self.future.result(), None
+            self.pushes = int(answers[0, W.R_PUSHES])
+            self.global_w.copy_(self.recv)
+
+    def snapshot(self) -> None:
+        mailbox_snapshot(self.transport, self.global_w)
+
+    def close(self) -> None:
+        try:
+            self.finish()
+        finally:
+            self.thread.shutdown(wait=True)
+            self.transport.close()
+
+
+class _AllreduceExchange:
+    """The global step on every worker's copy of ``w_g``, after Horovod sums the gradients."""
+
+    def __init__(self, transport, model: _FlatModel, global_w: torch.Tensor):
+        self.transport, self.model, self.global_w = transport, model, global_w
+        self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
+        self.sgd, self.sgd_state = SGDRule(), {}
+        self.handle, self.hyper = None, None
+        transport.broadcast_(model.flat, root=0, name="od-sgd.init")
+
+    def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
+        if grad is None:
+            self.buffer.zero_()
+        else:
+            self.buffer[:-1].copy_(grad)
+            self.buffer[-1] = 1.0
+        self.hyper = header
+        self.handle = self.transport.allreduce_async_(self.buffer, name="od-sgd.grad", op=ReduceOp.SUM)
+
+    def finish(self) -> None:
+        if self.handle is None:
+            return
+        total, self.handle = self.transport.synchronize(self.handle), None
+        count = float(total[-1])
+        if count == 0:  # every worker's gradient was non-finite: no global step
+            return
+        mean = total[:-1].div_(count)
+        h = self.hyper
+        self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[W.H_LR], momentum=h[W.H_MOMENTUM],
+                        weight_decay=h[W.H_WEIGHT_DECAY])
+
+    def snapshot(self) -> None:
+        pass  # every worker's global_w is already the global one
+
+    def close(self) -> None:
+        self.finish()  # the transport (Horovod's) belongs to the job
+
+
+class ODSGD(Strategy):
+    """od-sgd: global SGD step exchanged one iteration late, bridged by a local step on each worker.
+
+    Wrap a ``torch.optim.SGD``: its ``lr``/``momentum``/``weight_decay`` are the global step's.
+
+    Options:
+        local_lr: rate of the local step (default: the wrapped optimizer's lr; 0: delayed ssgd).
+        local_momentum: momentum of the local SGD (default 0).
+        local_optimizer: callable ``params -> optimizer`` for the local step (overrides the two above).
+        local_schedule: ``"follow"`` (default), ``"fixed"`` or a callable ``step -> lr``.
+        exchange: ``"window"`` (parameter servers, default) or ``"allreduce"`` (Horovod, no server).
+
+    Example::
+
+        opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                      model.named_parameters(), algorithm="od-sgd", local_lr=0.05)
+
+    Tuning: a local rate about the global one works on digits; lower it if the loss oscillates.
+    ``opt.strategy.local_optimizer`` is the local optimizer, for schedulers of your own.
+    """
+
+    name = "od-sgd"
+    Options = ODSGDOptions
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        super().__init__(optimizer, named_parameters, transport, options)
+        params = [p for _, p in named_parameters]
+        self.model = _FlatModel(params)
+        self.global_w = torch.empty_like(self.model.flat)
+        exchange = _ServerExchange if options.exchange == "window" else _AllreduceExchange
+        self.exchange = exchange(transport, self.model, self.global_w)
+        self.model.load_params()
+        self.global_w.copy_(self.model.flat)
+        global_lr = float(optimizer.param_groups[0]["lr"])
+        if options.local_optimizer is not None:
+            self.local_optimizer = options.local_optimizer(params)
+            if not isinstance(self.local_optimizer, torch.optim.Optimizer):
+                raise TypeError(f"local_optimizer must return a torch.optim.Optimizer, got "
+                                f"{type(self.local_optimizer).__name__}")
+        else:
+            local_lr = global_lr if options.local_lr is None else float(options.local_lr)
+            self.local_optimizer = torch.optim.SGD(params, lr=local_lr, momentum=options.local_momentum)
+        self._global_lr0 = global_lr
+        self._local_lr0 = [group["lr"] for group in self.local_optimizer.param_groups]
+        self.hist = np.zeros(W.HIST_BINS, dtype=np.int64)
+        self.fresh = True  # the local weights are the global ones (start, after synchronize)
+        self.skipped_nonfinite = 0
+        self.wait_seconds = 0.0
+
+    @classmethod
+    def check_optimizer(cls, optimizer) -> None:
+        check_server_sgd(cls.name, optimizer)
+
+    @classmethod
+    def make_transport(cls, named_parameters, options):
+        if options.exchange == "allreduce":
+            return super().make_transport(named_parameters, options)
+        numel = sum(p.numel() for _, p in named_parameters)
+        return W.WindowTransport(numel, algorithm=cls.name, mode="mailbox")
+
+    @classmethod
+    def server_program(cls, host):
+        # The global step is 1-softsync's: every active worker's gradient, averaged, unscaled.
+        return _SoftSyncProgram(host, n=1, staleness_lr=False)
+
+    def _set_local_lr(self) -> None:
+        schedule = self.options.local_schedule
+        if schedule == "fixed":
+            return
+        groups = self.local_optimizer.param_groups
+        if callable(schedule):
+            lrs = [float(schedule(self.steps))] * len(groups)
+        else:
+            ratio = float(self.optimizer.param_groups[0]["lr"]) / self._global_lr0
+            lrs = [lr0 * ratio for lr0 in self._local_lr0]
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad = self.model.gather_grads()
+        finite = bool(torch.isfinite(grad).all())
+        if not finite:
+            self.skipped_nonfinite += 1
+            logger.warning("worker %d: gradient holds NaN or infinity at step %d; not exchanged "
+                           "(%d skipped so far)", self.transport.rank, self.steps + 1, self.skipped_nonfinite)
+        header = server_sgd_hyper(self.name, self.optimizer)
+        if loss is not None:
+            header[W.H_LOSS] = float(loss)
+        start = time.perf_counter()
+        self.exchange.finish()  # w_g(t) is now in global_w
+        self.wait_seconds += time.perf_counter() - start
+        self.exchange.start(grad if finite else None, header)
+        if finite:
+            self.hist[0 if self.fresh else 1] += 1
+            self.fresh = False
+        with torch.no_grad():
+            self.model.flat.copy_(self.global_w)
+        self.model.load_params()
+        if finite:  # the parameters' .grad still hold g_m(t)
+            self._set_local_lr()
+            self.local_optimizer.step()
+            self.model.store_params()
+        self.steps += 1
+        return loss
+
+    def synchronize(self) -> None:
+        """Collective over the workers: finish the exchange in flight, then every worker holds the
+        latest global weights (the local correction is dropped) and nothing is pending."""
+        start = time.perf_counter()
+        self.exchange.finish()
+        self.wait_seconds += time.perf_counter() - start
+        self.exchange.snapshot()
+        with torch.no_grad():
+            self.model.flat.copy_(self.global_w)
+        self.model.load_params()
+        self.fresh = True
+
+    def progress(self) -> int:
+        if isinstance(self.exchange, _ServerExchange):
+            return self.exchange.pushes
+        return super().progress()
+
+    def stats(self) -> Dict:
+        mean, largest = W.staleness_summary(self.hist)
+        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
+                "pushes": int(self.hist.sum()), "skipped_nonfinite": self.skipped_nonfinite,
+                "exchange_wait_seconds": self.wait_seconds}
+
+    def state_dict(self):
+        return {"steps": self.steps, "staleness_hist": self.hist.tolist(),
+                "skipped_nonfinite": self.skipped_nonfinite,
+                "local_optimizer": self.local_optimizer.state_dict()}
+
+    def load_state_dict(self, state):
+        self.steps = int(state["steps"])
+        self.hist[:] = np.asarray(state["staleness_hist"], dtype=np.int64)
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.local_optimizer.load_state_dict(state["local_optimizer"])
+
+    def close(self) -> None:
+        self.exchange.close()

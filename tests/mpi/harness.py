@@ -1,0 +1,38 @@
+"""The driver of the check scripts run under mpirun (ps_checks.py, odsgd_checks.py): servers serve
+and print what they hosted; workers run the named checks in order (all when none is named), and a
+failing check aborts the whole job so no rank is left waiting."""
+import os
+import sys
+import traceback
+
+import hvd_async as ha
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main(checks, names, banner: str) -> None:
+    ha.init(servers=int(os.environ.get("SERVERS", "1")))
+    if ha.is_server():
+        report = ha.serve()
+        for s in report.shards:
+            print(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
+                  f"skipped={s.skipped_nonfinite}", flush=True)
+        print(f"SERVER {ha.world_rank()} DONE order={report.workers_done}", flush=True)
+        return
+    try:
+        for name in names or checks:
+            checks[name]()
+            ha.worker_comm().Barrier()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    ha.shutdown()
+    if ha.rank() == 0:
+        print(f"{banner} {' '.join(names or checks)}", flush=True)

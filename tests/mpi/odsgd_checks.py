@@ -1,0 +1,102 @@
+"""od-sgd under mpirun, run by tests/test_odsgd.py: ``SERVERS=S python odsgd_checks.py [CHECK ...]``.
+
+Both exchanges (the servers' windows and Horovod's allreduce among the workers) against the float64
+replays of tests/reference.py; worker 0 prints ``ODSGD CHECKS OK`` at the end.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+
+import hvd_async as ha  # noqa: E402
+from harness import check, main  # noqa: E402
+from reference import Quadratic, delayed_ssgd, odsgd  # noqa: E402
+
+STEPS = 9
+
+
+def _train(steps=STEPS, *, lr, momentum=0.0, weight_decay=0.0, nan_at=None, sync_at=(), **options):
+    rank = ha.rank()
+    model = Quadratic(numel=7)  # 7 elements over 2 shards: 4 and 3
+    opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                                                  weight_decay=weight_decay),
+                                  model.named_parameters(), algorithm="od-sgd", **options)
+    local = []
+    for t in range(steps):
+        opt.zero_grad()
+        model.loss(rank, t).backward()
+        if nan_at == (rank, t):
+            model.w.grad[0] = float("inf")
+        opt.step()
+        local.append(model.w.detach().double().clone())
+        if t in sync_at:
+            opt.synchronize()
+    opt.synchronize()
+    final = model.w.detach().double().clone()
+    stats = opt.stats()
+    opt.close()
+    return local, final, stats
+
+
+def _same_everywhere(final, what):
+    everyone = ha.worker_comm().allgather(final)
+    check(all(torch.equal(everyone[0], x) for x in everyone), f"{what}: workers disagree: {everyone}")
+
+
+def recurrence():
+    """Local and global weights equal the hand replay, through either exchange."""
+    workers, rank = ha.size(), ha.rank()
+    settings = dict(lr=0.2, momentum=0.9, weight_decay=0.01, local_lr=0.1, local_momentum=0.5)
+    history, expected = odsgd(Quadratic(numel=7).w.detach(), Quadratic.grad, workers, STEPS, **settings)
+    for exchange in ("window", "allreduce"):
+        local, final, stats = _train(exchange=exchange, **settings)
+        for t in range(STEPS):
+            err = (local[t] - history[t][rank]).abs().max().item()
+            check(err < 1e-5, f"{exchange}: worker {rank} after step {t} is {err:.2e} off the replay")
+        err = (final - expected).abs().max().item()
+        check(err < 1e-5, f"{exchange}: final global weights {err:.2e} off the replay")
+        check(stats["staleness_hist"][:2] == [1, STEPS - 1], f"{exchange}: staleness {stats['staleness_hist'][:3]}")
+        _same_everywhere(final, exchange)
+
+
+def delayed():
+    """local_lr=0 is synchronous SGD one step late."""
+    expected = delayed_ssgd(Quadratic(numel=7).w.detach(), Quadratic.grad, ha.size(), STEPS, lr=0.3)
+    for exchange in ("window", "allreduce"):
+        _, final, _ = _train(lr=0.3, local_lr=0.0, exchange=exchange)
+        err = (final - expected).abs().max().item()
+        check(err < 1e-5, f"{exchange}: local_lr=0 is {err:.2e} off one-step-delayed ssgd")
+
+
+def synchronize_midway():
+    """synchronize() in the middle (an epoch end) restarts everyone from the global weights; the
+    replay restarted there gives the same weights."""
+    workers = ha.size()
+    settings = dict(lr=0.2, local_lr=0.1)
+    _, mid = odsgd(Quadratic(numel=7).w.detach(), Quadratic.grad, workers, 4, **settings)
+    shifted = lambda m, t, w: Quadratic.grad(m, t + 4, w)  # noqa: E731
+    _, expected = odsgd(mid, shifted, workers, 5, **settings)
+    for exchange in ("window", "allreduce"):
+        local, final, stats = _train(lr=0.2, local_lr=0.1, exchange=exchange, sync_at=(3,))
+        err = (final - expected).abs().max().item()
+        check(err < 1e-5, f"{exchange}: synchronize midway gave weights {err:.2e} off the replay")
+        check(stats["staleness_hist"][:2] == [2, STEPS - 2], f"{exchange}: staleness {stats['staleness_hist'][:3]}")
+        _same_everywhere(final, exchange)
+
+
+def nonfinite():
+    """An infinite gradient on the last worker is neither exchanged nor applied; nobody hangs."""
+    last = ha.size() - 1
+    for exchange in ("window", "allreduce"):
+        _, final, stats = _train(lr=0.1, exchange=exchange, nan_at=(last, 2))
+        check(bool(torch.isfinite(final).all()), f"{exchange}: non-finite weights {final}")
+        check(stats["skipped_nonfinite"] == (1 if ha.rank() == last else 0), f"{exchange}: {stats}")
+        _same_everywhere(final, exchange)
+
+
+CHECKS = {f.__name__: f for f in (recurrence, delayed, synchronize_midway, nonfinite)}
+
+if __name__ == "__main__":
+    main(CHECKS, sys.argv[1:], "ODSGD CHECKS OK")

@@ -1,0 +1,72 @@
+"""Float64 replays of update rules written out by hand, shared by the unit and the MPI tests."""
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+
+def sgd_step(w: torch.Tensor, g: torch.Tensor, buf: Optional[torch.Tensor], *, lr: float,
+             momentum: float = 0.0, weight_decay: float = 0.0) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """torch.optim.SGD's step (dampening 0, no Nesterov), returning the new weights and buffer."""
+    d = g + weight_decay * w
+    if momentum:
+        buf = d.clone() if buf is None else momentum * buf + d
+        d = buf
+    return w - lr * d, buf
+
+
+def odsgd(init: torch.Tensor, grad: Callable[[int, int, torch.Tensor], torch.Tensor], workers: int,
+          steps: int, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, local_lr: float,
+          local_momentum: float = 0.0) -> Tuple[List[List[torch.Tensor]], torch.Tensor]:
+    """One-step delay SGD: ``grad(m, t, w)`` is worker m's gradient at step t evaluated at w.
+
+    Returns ``local[t][m]`` (worker m's weights after its step t, ``w_m(t+1) = w_g(t) - local
+    step of g_m(t)``) and ``w_g(steps)`` (the global weights once the last exchange completed)."""
+    wg, buf = init.double().clone(), None
+    local_bufs = [None] * workers
+    w = [wg.clone() for _ in range(workers)]
+    previous = None  # mean gradient of step t-1, applied to the global weights at step t
+    history = []
+    for t in range(steps):
+        grads = [grad(m, t, w[m]) for m in range(workers)]
+        if previous is not None:
+            wg, buf = sgd_step(wg, previous, buf, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        previous = sum(grads) / workers
+        for m in range(workers):
+            w[m], local_bufs[m] = sgd_step(wg, grads[m], local_bufs[m], lr=local_lr, momentum=local_momentum)
+        history.append([x.clone() for x in w])
+    wg, buf = sgd_step(wg, previous, buf, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return history, wg
+
+
+def delayed_ssgd(init: torch.Tensor, grad, workers: int, steps: int, *, lr: float) -> torch.Tensor:
+    """``w(t+1) = w(t) - lr * mean_m g_m(w(t-1))`` with ``w(-1) = w(0)``: ssgd one step late."""
+    before, now = init.double().clone(), init.double().clone()
+    for t in range(steps):
+        mean = sum(grad(m, t, before) for m in range(workers)) / workers
+        before, now = now, now - lr * mean
+    return now
+
+
+class Quadratic(torch.nn.Module):
+    """A fake model whose loss for worker m at step t is ``0.5 * sum(c_m * (w - target(m, t))^2)``, so
+    its gradient at w is known in closed form: ``c_m * (w - target(m, t))``."""
+
+    def __init__(self, numel: int = 5):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, numel))
+
+    @staticmethod
+    def target(m: int, t: int, numel: int) -> torch.Tensor:
+        return torch.cos(torch.arange(numel, dtype=torch.float64) * (m + 1) + 0.3 * t)
+
+    @staticmethod
+    def scale(m: int) -> float:
+        return 0.5 + 0.25 * m
+
+    @classmethod
+    def grad(cls, m: int, t: int, w: torch.Tensor) -> torch.Tensor:
+        return cls.scale(m) * (w.double() - cls.target(m, t, w.numel()))
+
+    def loss(self, m: int, t: int) -> torch.Tensor:
+        diff = self.w - self.target(m, t, self.w.numel()).float()
+        return 0.5 * self.scale(m) * (diff * diff).sum()
