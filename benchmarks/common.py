@@ -1,7 +1,10 @@
-"""What every benchmark script shares: relaunching itself under mpirun, and writing its JSON and plot."""
+"""What every benchmark script shares: relaunching itself under mpirun, running the training job,
+and writing its JSON and plot."""
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,3 +34,17 @@ def save(summary: dict, out: str, plot) -> None:
     with open(out, "w") as f:
         json.dump(summary, f, indent=2)
     plot(summary, os.path.splitext(out)[0] + ".png")
+
+
+def train_job(flags, *, timeout: float = 1800) -> dict:
+    """Run ``hvd-async train FLAGS --metrics-out ...`` and return its metrics record (exits on failure)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "m.json")
+        cmd = [sys.executable, "-m", "hvd_async.cli", "train", *map(str, flags), "--progress", "epochs",
+               "--metrics-out", metrics]
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
+        with open(metrics) as f:
+            return json.load(f)

@@ -11,14 +11,11 @@ ssgd's (asgd's target: >= 1.5), and writes JSON and a plot to benchmarks/results
     python benchmarks/straggler_throughput.py --algos asgd,dc-asgd,softsync --repeats 3
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
-from common import HERE, ROOT, save
+from common import HERE, save, train_job
 
 
 def parse_args(argv=None):
@@ -41,18 +38,9 @@ def parse_args(argv=None):
 
 def run_job(algo, args) -> dict:
     servers = 0 if algo == "ssgd" else 1
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.json")
-        cmd = [sys.executable, "-m", "hvd_async.cli", "train", "--algo", algo,
-               "--np", str(args.workers + servers), "--servers", str(servers), "--epochs", str(args.epochs),
-               "--compute-ms", str(args.compute_ms), "--straggler", args.straggler,
-               "--progress", "epochs", "--metrics-out", metrics]
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=900)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
-        with open(metrics) as f:
-            return json.load(f)
+    return train_job(["--algo", algo, "--np", args.workers + servers, "--servers", servers,
+                      "--epochs", args.epochs, "--compute-ms", args.compute_ms, "--straggler", args.straggler],
+                     timeout=900)
 
 
 def main(argv=None) -> int:

@@ -89,6 +89,9 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                    help="hpsgd: fraction of the averaged change merged into the global model")
     p.add_argument("--no-overlap", action="store_true", default=d(False),
                    help="hpsgd: wait for each window's exchange at once (local SGD with averaging)")
+    p.add_argument("--drop-own-change", action="store_true", default=d(False),
+                   help="hpsgd: restart the replica from the global model alone, dropping its own "
+                        "change in flight (the literal reading; unstable at high momentum)")
     p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
                    help="progress display on the reporting worker (auto: a bar on a terminal)")
     if launcher:
@@ -235,5 +238,6 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
     if args.algo == "od-sgd":
         return {"local_lr": args.local_lr, "local_momentum": args.local_momentum, "exchange": args.od_exchange}
     if args.algo == "hpsgd":
-        return {"window": args.window, "merge_rate": args.merge_rate, "overlap": not args.no_overlap}
+        return {"window": args.window, "merge_rate": args.merge_rate, "overlap": not args.no_overlap,
+                "keep_own_change": not args.drop_own_change}
     return {}

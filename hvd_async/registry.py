@@ -41,7 +41,7 @@ _ROWS = (
     AlgorithmInfo("od-sgd", "one-step delay SGD: global step on the server, local compensating step",
                   "Xu et al., arXiv 2005.06728", True, "hvd_async.algorithms.odsgd:ODSGD"),
     AlgorithmInfo("hpsgd", "hierarchical parallel SGD: exchange overlapped with local training",
-                  "Zhou et al., arXiv 2009.02701", False),
+                  "Zhou et al., arXiv 2009.02701", False, "hvd_async.algorithms.hpsgd:HPSGD"),
     AlgorithmInfo("gossip", "gossip aggregation with a random peer through MPI windows",
                   "Jin, Yuan, Iandola, Keutzer, arXiv 1611.04581", False),
     AlgorithmInfo("easgd", "elastic averaging SGD with the centre variable on the server",

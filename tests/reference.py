@@ -70,3 +70,48 @@ class Quadratic(torch.nn.Module):
     def loss(self, m: int, t: int) -> torch.Tensor:
         diff = self.w - self.target(m, t, self.w.numel()).float()
         return 0.5 * self.scale(m) * (diff * diff).sum()
+
+
+def table_start(worker: int, numel: int) -> torch.Tensor:
+    """Initial weights that differ by worker (worker 0's must win the initial broadcast)."""
+    return torch.linspace(-1.0, 1.0, numel, dtype=torch.float64) + worker
+
+
+def table_grad(worker: int, step: int, numel: int) -> torch.Tensor:
+    """A fixed gradient table: worker m's gradient at step t, whatever the weights."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * worker + step), dtype=torch.float64)
+
+
+def hpsgd(workers: int, steps: int, *, numel: int, lr: float, k: int, rate: float, momentum: float,
+          overlap: bool, keep_own: bool = True):
+    """hpsgd on the fixed gradient table with local SGD (momentum): per step (replicas, G), then G after
+    the final synchronize() (the partial window's change is taken before the pending one merges)."""
+    g_model = table_start(0, numel)
+    replicas = [g_model.clone() for _ in range(workers)]
+    starts = [g_model.clone() for _ in range(workers)]
+    bufs = [None] * workers
+    pending, trace = None, []
+    for t in range(1, steps + 1):
+        for m in range(workers):
+            g = table_grad(m, t, numel)
+            bufs[m] = g.clone() if bufs[m] is None else momentum * bufs[m] + g
+            replicas[m] = replicas[m] - lr * bufs[m]
+        if t % k == 0:
+            changes = [r - s for r, s in zip(replicas, starts)]
+            average = sum(changes) / workers
+            if overlap:
+                if pending is not None:
+                    g_model = g_model + rate * pending
+                pending = average
+                replicas = [g_model + d if keep_own else g_model.clone() for d in changes]
+            else:
+                g_model = g_model + rate * average
+                replicas = [g_model.clone() for _ in range(workers)]
+            starts = [r.clone() for r in replicas]
+        trace.append(([r.clone() for r in replicas], g_model.clone()))
+    partial = sum(r - s for r, s in zip(replicas, starts)) / workers if steps % k else None
+    if pending is not None:
+        g_model = g_model + rate * pending
+    if partial is not None:
+        g_model = g_model + rate * partial
+    return trace, g_model

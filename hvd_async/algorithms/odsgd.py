@@ -21,7 +21,8 @@ Two exchanges, the same arithmetic:
 
 - ``exchange="window"`` (default): the parameter servers hold ``w_g`` in MPI windows; each worker puts
   ``g_m(t)`` into its inbox slot and the servers apply the global step once every active worker's
-  gradient is in (1-softsync's program, unscaled), leaving ``w_g(t+1)`` in every worker's outbox.
+  gradient is in (1-softsync's program, unscaled); each worker then reads ``w_g(t+1)`` from the
+  weights window.
   The momentum buffer of the global step lives on the servers. One communication thread per worker
   runs the whole exchange (upload, the servers' step, download), so none of it is on the critical
   path unless it takes longer than an iteration's compute.
@@ -101,7 +102,14 @@ class _ServerExchange:
     def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
         if grad is not None:
             self.send.copy_(grad)
-            self.future = self.thread.submit(self.transport.push, self.send, self.recv, header)
+            self.future = self.thread.submit(self._exchange, header)
+
+    def _exchange(self, header):
+        """On the thread: push, wait for the global step, read it from the weights window (safe:
+        it cannot move again before this worker's next gradient is in)."""
+        answers = self.transport.request_async(W.KIND_PUSH, grad=self.send, header=header).wait()
+        self.transport.pull(self.recv)
+        return answers
 
     def finish(self) -> None:
         """Wait for the exchange in flight (``global_w`` then holds the newer global step)."""
@@ -157,6 +165,16 @@ class _AllreduceExchange:
 
     def close(self) -> None:
         self.finish()  # the transport (Horovod's) belongs to the job
+
+
+class _GlobalStepProgram(_SoftSyncProgram):
+    """The servers' global step: 1-softsync's (every active worker's gradient, averaged, unscaled),
+    leaving the weights in the weights window only (every worker reads the same ones)."""
+
+    outbox_on_push = False
+
+    def __init__(self, host):
+        super().__init__(host, n=1, staleness_lr=False)
 
 
 class ODSGD(Strategy):
@@ -221,8 +239,7 @@ class ODSGD(Strategy):
 
     @classmethod
     def server_program(cls, host):
-        # The global step is 1-softsync's: every active worker's gradient, averaged, unscaled.
-        return _SoftSyncProgram(host, n=1, staleness_lr=False)
+        return _GlobalStepProgram(host)
 
     def _set_local_lr(self) -> None:
         schedule = self.options.local_schedule

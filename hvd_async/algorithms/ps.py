@@ -397,9 +397,11 @@ class _MailboxProgram:
         self.sgd = SGDRule()
         self.sgd_state: Dict = {}
 
-    def snapshot(self, worker: int) -> None:
-        """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``)."""
-        self.host.outbox[worker].copy_(self.host.weights)
+    def snapshot(self, worker: int, copy: bool = True) -> None:
+        """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``); with
+        ``copy=False`` only note that the worker is reading the current version itself."""
+        if copy:
+            self.host.outbox[worker].copy_(self.host.weights)
         self.held[worker] = self.host.version
 
     def staleness(self, worker: int) -> int:
@@ -461,6 +463,8 @@ class _DCProgram(_MailboxProgram):
 
 
 class _SoftSyncProgram(_MailboxProgram):
+    outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
+
     def __init__(self, host, n, staleness_lr):
         super().__init__(host)
         self.c = max(1, host.spec.workers // n)
@@ -487,5 +491,5 @@ class _SoftSyncProgram(_MailboxProgram):
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         for m, s in zip(workers, staleness):
-            self.snapshot(m)
+            self.snapshot(m, copy=self.outbox_on_push)
             self.host.answer(m, s, W.STATUS_APPLIED)

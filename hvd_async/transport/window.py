@@ -415,8 +415,8 @@ class WindowTransport(Transport):
 
         ``KIND_PUSH`` puts ``grad`` into this worker's inbox slots first; ``KIND_PUSH`` and
         ``KIND_PULL`` are answered, and ``wait()`` then gets the weights the server left in this
-        worker's outbox slots into ``out`` and returns the answers (one row per shard, columns
-        ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts pushing for a while,
+        worker's outbox slots into ``out`` (unless ``out`` is None) and returns the answers (one
+        row per shard, columns ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts pushing for a while,
         so softsync need not wait for it) are not answered.
         """
         self._check_idle()
@@ -428,8 +428,7 @@ class WindowTransport(Transport):
             for k, part, (_, count, F) in self._slices(grad):
                 self._win.inbox.Put(part, k, target=(self._rank * count, count, F))
             self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
-        if answered:
-            out_parts = self._slices(out)
+        out_parts = self._slices(out) if answered and out is not None else []
         requests = []
         for k in range(self.servers):
             self._headers[k] = 0.0
