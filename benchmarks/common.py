@@ -48,3 +48,23 @@ def train_job(flags, *, timeout: float = 1800) -> dict:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
         with open(metrics) as f:
             return json.load(f)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only backend (benchmarks run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def run_parts(args, table: dict, prefix: str) -> int:
+    """Run the parts ``args.part`` names ("all": every one in ``table``, a dict of part -> (run, plot)),
+    saving each result as ``{outdir}/{prefix}_{part}.json`` with its plot."""
+    for part in (table if args.part == "all" else (args.part,)):
+        run, plot = table[part]
+        print(f"== {part}", flush=True)
+        save(run(args), os.path.join(args.outdir, f"{prefix}_{part}.json"), plot)
+    return 0

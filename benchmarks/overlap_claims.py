@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 
-from common import HERE, save, train_job
+from common import HERE, pyplot, run_parts, train_job
 
 PARTS = ("accuracy", "throughput", "budget")
 
@@ -90,7 +90,7 @@ def accuracy(args) -> dict:
 
 
 def plot_accuracy(summary, path):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     colors = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green")))
     for run in summary["runs"]:
@@ -139,7 +139,7 @@ def throughput(args) -> dict:
 
 
 def plot_throughput(summary, path):
-    plt = _pyplot()
+    plt = pyplot()
     names = list(summary["median_samples_per_second"])
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
     ax.bar(names, [summary["median_samples_per_second"][v] for v in names], color="tab:blue")
@@ -185,7 +185,7 @@ def budget(args) -> dict:
 
 
 def plot_budget(summary, path):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     colors = {}
     for run in summary["runs"]:
@@ -201,25 +201,9 @@ def plot_budget(summary, path):
     fig.savefig(path, dpi=100)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    parts = PARTS if args.part == "all" else (args.part,)
-    table = {"accuracy": (accuracy, plot_accuracy), "throughput": (throughput, plot_throughput),
-             "budget": (budget, plot_budget)}
-    for part in parts:
-        run, plot = table[part]
-        print(f"== {part}", flush=True)
-        save(run(args), os.path.join(args.outdir, f"overlap_{part}.json"), plot)
-    return 0
+    return run_parts(parse_args(argv), {"accuracy": (accuracy, plot_accuracy), "throughput": (throughput, plot_throughput),
+                                "budget": (budget, plot_budget)}, "overlap")
 
 
 if __name__ == "__main__":

@@ -70,12 +70,22 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--pull-every", type=int, default=d(1),
                    help="asgd: pull the global weights every k steps")
     p.add_argument("--lam", type=float, default=d(0.04),
-                   help="dc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive")
+                   help="dc-asgd, lc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive")
     p.add_argument("--dc-adaptive", action="store_true", default=d(False),
-                   help="dc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)")
+                   help="dc-asgd, lc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)")
     p.add_argument("--softsync-n", type=int, default=d(None), metavar="N",
                    help="softsync: apply an update per floor(workers/N) gradients, N in 1..workers "
                         "(default: workers)")
+    p.add_argument("--predictor", choices=("linear", "mlp"), default=d("linear"),
+                   help="lc-asgd: the servers' per-worker loss predictor (a weighted log-linear fit, "
+                        "or a tiny network trained online)")
+    p.add_argument("--r-min", type=float, default=d(0.25),
+                   help="lc-asgd: smallest scale of a stale gradient (its scale r is clipped to [r-min, 1])")
+    p.add_argument("--no-loss-term", action="store_true", default=d(False),
+                   help="lc-asgd: switch the loss-prediction term off (then it is dc-asgd)")
+    p.add_argument("--dbs-every", type=int, default=d(10),
+                   help="dbs-asgd: steps between re-measuring speeds and resizing batches "
+                        "(--batch-size is the nominal batch; the global batch is workers x it)")
     p.add_argument("--local-lr", type=float, default=d(None),
                    help="od-sgd: rate of the local step (default: --lr; 0: ssgd one step late)")
     p.add_argument("--local-momentum", type=float, default=d(0.0),
@@ -168,7 +178,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:
             raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window"):
+    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window", "dbs_every"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
@@ -180,6 +190,8 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
         raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
     if not args.local_momentum < 1:
         raise ConfigError(f"--local-momentum must be < 1, got {args.local_momentum}")
+    if not 0 < args.r_min <= 1:
+        raise ConfigError(f"--r-min must be in (0, 1], got {args.r_min}")
     if not 0 < args.merge_rate < float("inf"):
         raise ConfigError(f"--merge-rate must be a finite number > 0, got {args.merge_rate}")
     if args.image_size is not None and args.image_size < 1:
@@ -233,8 +245,13 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
         return {"pull_every": args.pull_every}
     if args.algo == "dc-asgd":
         return {"lam": args.lam, "adaptive": args.dc_adaptive}
+    if args.algo == "lc-asgd":
+        return {"lam": args.lam, "adaptive": args.dc_adaptive, "predictor": args.predictor,
+                "r_min": args.r_min, "loss_term": not args.no_loss_term}
     if args.algo == "softsync":
         return {"n": args.softsync_n}
+    if args.algo == "dbs-asgd":
+        return {"batch_size": args.batch_size, "every": args.dbs_every, "pull_every": args.pull_every}
     if args.algo == "od-sgd":
         return {"local_lr": args.local_lr, "local_momentum": args.local_momentum, "exchange": args.od_exchange}
     if args.algo == "hpsgd":

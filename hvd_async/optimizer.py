@@ -123,7 +123,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return f"DistributedOptimizer(algorithm={self.algorithm!r}, optimizer={self.optimizer!r})"
 
-    def step(self, closure=None):
+    def step(self, closure=None, *, loss=None):
+        """Run the algorithm's step. ``loss``: this step's mini-batch loss (a float or a tensor), which
+        the parameter-server algorithms send with the push (lc-asgd needs it)."""
+        if loss is not None:
+            self.strategy.reported_loss = float(loss)
         return self.strategy.step(closure)
 
     def synchronize(self) -> None:

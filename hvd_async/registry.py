@@ -37,7 +37,7 @@ _ROWS = (
     AlgorithmInfo("dc-asgd", "ASGD with delay compensation lam * g * g * (w - w_bak)",
                   "Zheng et al., ICML 2017", True, "hvd_async.algorithms.ps:DCASGD"),
     AlgorithmInfo("lc-asgd", "ASGD compensated by per-worker loss prediction on the server",
-                  "Li, He, Ren, Mao, ICPP 2020", True),
+                  "Li, He, Ren, Mao, ICPP 2020", True, "hvd_async.algorithms.ps:LCASGD"),
     AlgorithmInfo("od-sgd", "one-step delay SGD: global step on the server, local compensating step",
                   "Xu et al., arXiv 2005.06728", True, "hvd_async.algorithms.odsgd:ODSGD"),
     AlgorithmInfo("hpsgd", "hierarchical parallel SGD: exchange overlapped with local training",
@@ -50,7 +50,7 @@ _ROWS = (
                   "Zhang, Gupta et al., IJCAI 2016", True,
                   "hvd_async.algorithms.ps:SoftSync"),
     AlgorithmInfo("dbs-asgd", "ASGD with batch sizes set by each worker's measured speed",
-                  "Ji et al., 2019", True),
+                  "Ji et al., 2019", True, "hvd_async.algorithms.dbs:DBSASGD"),
 )
 
 ALGORITHMS: Dict[str, AlgorithmInfo] = {row.name: row for row in _ROWS}

@@ -33,9 +33,10 @@ class _Pacer:
         self.compute_s, self.factor = compute_ms / 1000.0, factor
         self.last_work = 0.0
 
-    def before_step(self) -> None:
-        # The straggler sleeps (factor-1) x its real forward/backward time of the last step on top.
-        delay = self.compute_s * self.factor + (self.factor - 1.0) * self.last_work
+    def before_step(self, scale: float = 1.0) -> None:
+        # ``scale``: this batch's size over the nominal one (dbs-asgd's batches vary). The straggler
+        # sleeps (factor-1) x its real forward/backward time of the last step on top.
+        delay = self.compute_s * self.factor * scale + (self.factor - 1.0) * self.last_work
         if delay > 0:
             time.sleep(delay)
 
@@ -110,6 +111,15 @@ def train_worker(args) -> dict:
     if not uses_servers:
         steps_per_epoch = len(loader)
     batches = _endless(loader)
+    shared = None  # dbs-asgd: batches of the size the strategy says, each sample once per epoch
+    if args.algo == "dbs-asgd":
+        from torch.utils.data import default_collate
+
+        from .sampling import SharedCursorBatches
+
+        shared = SharedCursorBatches(len(splits.train), seed=args.seed,
+                                     fetch_add=opt.strategy.transport.fetch_add_cursor)
+        drawn = None  # (epoch index, sample indices) drawn but not trained on yet
     pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
     metrics = RunMetrics({
         "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
@@ -135,15 +145,24 @@ def train_worker(args) -> dict:
         epoch_start, epoch_samples, epoch_steps, wait, compute = time.perf_counter(), 0, 0, 0.0, 0.0
         blocked_before = opt.stats().get("exchange_wait_seconds")
         loss_sum.zero_()
-        while (opt.progress() < epoch * global_steps) if uses_servers else (epoch_steps < len(loader)):
-            x, y = next(batches)
-            pacer.before_step()
+        while True:
+            if shared is not None:
+                drawn = drawn or shared.draw(opt.strategy.batch_size)
+                if drawn[0] >= epoch:  # the shared sequence has moved on to the next epoch
+                    break
+                x, y = default_collate([splits.train[i] for i in drawn[1]])
+                drawn = None
+            elif (opt.progress() < epoch * global_steps) if uses_servers else (epoch_steps < len(loader)):
+                x, y = next(batches)
+            else:
+                break
+            pacer.before_step(len(y) / args.batch_size)
             t0 = time.perf_counter()
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             t1 = time.perf_counter()
-            opt.step()  # time in here: waiting for the exchange, then the local update
+            opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
             t2 = time.perf_counter()
             pacer.last_work = t1 - t0
             compute += t1 - t0
@@ -175,9 +194,14 @@ def train_worker(args) -> dict:
         wait_total += wait
         staleness = _staleness_counts(stats, comm)
         timing["compute_ms_per_step"] = comm.allreduce(timing["compute_ms_per_step"]) / workers
+        batch_sizes = comm.gather(stats.get("batch_size", args.batch_size), root=0)
         if reporter:
             entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
                                   worker_samples_per_second=rates, exchange_wait_ms=wait_ms, timing=timing)
+            if shared is not None:
+                entry["batch_sizes"] = batch_sizes
+                for worker, size in enumerate(batch_sizes):
+                    metrics.scalar(f"batch_size/worker_{worker}", size, epoch)
             if staleness.sum() > staleness_seen.sum():
                 metrics.staleness_histogram(staleness, staleness_seen, epoch)
             staleness_seen = staleness
@@ -197,13 +221,14 @@ def train_worker(args) -> dict:
     final_accuracy = metrics.history[-1]["test_accuracy"] if reporter else None
     return metrics.finish(
         args.metrics_out, steps=steps, final_test_accuracy=final_accuracy, final_train_loss=train_loss,
-        wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4),
+        wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4), samples=total_samples,
         samples_per_second=total_samples / max(train_seconds, 1e-9),
         step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
         exchange_blocked_ms_mean=(1000.0 * comm.allreduce(stats["exchange_wait_seconds"]) / max(1, total_steps)
                                   if "exchange_wait_seconds" in stats else None),
         staleness_mean=staleness_mean, staleness_max=staleness_max,
-        staleness_hist=staleness_seen.tolist(), updates=opt.progress() if uses_servers else steps * workers)
+        staleness_hist=staleness_seen.tolist(), batch_sizes=batch_sizes,
+        server_ms_per_push=stats.get("server_ms_per_push"), updates=opt.progress() if uses_servers else steps * workers)
 
 
 def main(argv=None) -> int:
@@ -230,12 +255,16 @@ def main(argv=None) -> int:
 
     ha.init(servers=args.servers)
     if ha.is_server():
+        import torch
+
+        torch.set_num_threads(_threads_per_rank(world.size))  # the rules' tensor math, on shared cores
         report = ha.serve()
         for shard in report.shards:
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
             _say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
                  f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
-                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped")
+                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
+                 f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
         return 0
     try:
         record = train_worker(args)

@@ -20,7 +20,8 @@ def test_parameter_server_checks(np, servers, mode):
     result = mpirun(np, python("tests/mpi/ps_checks.py"), no_shm=MODES[mode], env={"SERVERS": str(servers)},
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
-    assert "PS CHECKS OK no_lost_update dc_formula equivalences nonfinite bad_input shutdown" in result.out
+    assert ("PS CHECKS OK no_lost_update dc_formula lc_formula dbs_cursor equivalences nonfinite bad_input "
+            "shutdown") in result.out
     done = re.findall(r"SERVER (\d) DONE order=\[([\d, ]*)\]", result.out)
     assert sorted(int(s) for s, _ in done) == list(range(servers)), result.out[-3000:]
     for _, order in done:  # serve() returned only once every worker had finished
@@ -34,7 +35,7 @@ def test_parameter_server_checks(np, servers, mode):
     assert sizes == sorted([1001 // servers + (k < 1001 % servers) for k in range(servers)]), sizes
 
 
-@pytest.mark.parametrize("algo", ["asgd", "dc-asgd", "softsync"])
+@pytest.mark.parametrize("algo", ["asgd", "dc-asgd", "softsync", "lc-asgd"])
 def test_job_reaches_accuracy_with_a_parameter_server(tmp_path, algo):
     """The issue's acceptance runs: --np 5 --servers 1 on digits reach test accuracy >= 0.90."""
     metrics, logdir = tmp_path / "m.json", tmp_path / "tb"
@@ -74,8 +75,27 @@ def test_job_variants_finish(tmp_path, extra):
     assert record["history"][-1]["train_loss"] < record["history"][0]["train_loss"]
 
 
+def test_dbs_batch_sizes_follow_inverse_speed(tmp_path):
+    """Workers 1 and 2 made 2 and 4 times slower: the batch sizes dbs-asgd settles on are within 10% of
+    the global batch (4 x 32) split in proportion to 1, 1/2, 1/4, 1; each epoch is one pass."""
+    metrics = tmp_path / "m.json"
+    result = run(CLI + ["train", "--algo", "dbs-asgd", "--np", "5", "--compute-ms", "20", "--straggler", "1=2",
+                        "--straggler", "2=4", "--epochs", "6", "--metrics-out", str(metrics)], timeout=300)
+    assert result.returncode == 0, result.out[-4000:]
+    record = json.loads(metrics.read_text())
+    expected = [128 * share / 2.75 for share in (1, 0.5, 0.25, 1)]
+    for size, want in zip(record["batch_sizes"], expected):
+        assert abs(size - want) <= 0.1 * want, (record["batch_sizes"], expected)
+    assert record["history"][0]["batch_sizes"] == [32, 32, 32, 32]  # nominal until the first re-measure
+    assert record["final_test_accuracy"] >= 0.90, record["history"]
+    # one epoch is one pass over the 1437 training samples (the last batch may run past the end)
+    assert 6 * 1437 <= record["samples"] < 6 * 1437 + 128, record["samples"]
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "dc-asgd", "--lam", "-1"], "--lam must be >= 0, got -1.0"),
+    (["--algo", "lc-asgd", "--r-min", "0"], "--r-min must be in (0, 1], got 0.0"),
+    (["--algo", "dbs-asgd", "--dbs-every", "0"], "--dbs-every must be >= 1, got 0"),
     (["--algo", "softsync", "--np", "5", "--softsync-n", "5"], "--softsync-n 5 must be between 1 and "
                                                                "the number of workers (4)"),
     (["--algo", "asgd", "--servers", "0"], "--servers 0: algorithm 'asgd' needs at least one server"),

@@ -33,6 +33,7 @@ class Strategy(abc.ABC):
         self.transport = transport
         self.options = options
         self.steps = 0
+        self.reported_loss = None  # the mini-batch loss given to the next step() (lc-asgd sends it)
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..checks import is_int_at_least
-from ..rules import DCRule, SGDRule, staleness_scaled_mean_
+from ..rules import DCRule, LCRule, SGDRule, staleness_scaled_mean_
 from ..transport import window as W
 from .base import Strategy
 
@@ -144,6 +144,23 @@ class DCASGDOptions:
 
 
 @dataclass
+class LCASGDOptions:
+    lam: float = 0.04
+    adaptive: bool = False
+    ms_momentum: float = 0.95
+    loss_term: bool = True
+    predictor: str = "linear"
+    predictor_options: Optional[Dict] = None
+    floor: float = 0.0
+    r_min: float = 0.25
+    r_max: float = 1.0
+    min_history: int = 4
+
+    def __post_init__(self):
+        LCRule(**vars(self))  # validates
+
+
+@dataclass
 class SoftSyncOptions:
     n: Optional[int] = None
     staleness_lr: bool = True
@@ -198,10 +215,11 @@ class PSStrategy(Strategy):
             self.hist[k, min(int(s), W.HIST_BINS - 1)] += 1
 
     def step(self, closure=None):
-        loss = None
+        loss = self.reported_loss
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.reported_loss = None
         grad = self._grads_or_skip()
         if grad is not None:
             self._exchange(grad, loss)
@@ -308,6 +326,13 @@ class _MailboxStrategy(PSStrategy):
         mailbox_snapshot(self.transport, self.model.flat)
         self.model.load_params()
 
+    def stats(self) -> Dict:
+        """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard."""
+        out = super().stats()
+        rows = self.transport.read_stats()
+        out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
+        return out
+
 
 class DCASGD(_MailboxStrategy):
     """dc-asgd: the server applies ``w -= lr * (g + lam * g * g * (w - w_bak(m)))`` per push.
@@ -328,6 +353,37 @@ class DCASGD(_MailboxStrategy):
     @classmethod
     def server_program(cls, host):
         return _DCProgram(host, **host.spec.options)
+
+
+class LCASGD(DCASGD):
+    """lc-asgd: dc-asgd's step scaled by ``r``, from the loss the server predicts for the pushing
+    worker at the version its gradient is applied to (rules/lc.py has the derivation).
+
+    Every push carries the worker's mini-batch loss: call ``opt.step(loss=loss)`` (or
+    ``opt.step(closure)``); the servers keep each worker's loss history and predictor.
+
+    Options: dc-asgd's ``lam`` (0: no DC term), ``adaptive``, ``ms_momentum``; ``loss_term``
+    (False: exactly dc-asgd), ``predictor`` (``"linear"``: a weighted fit of log-loss against
+    version; ``"mlp"``: a tiny network trained online), ``predictor_options``, ``floor`` (the loss's
+    lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4).
+    """
+
+    name = "lc-asgd"
+    Options = LCASGDOptions
+
+    def _exchange(self, grad, loss) -> None:
+        if loss is None and self.options.loss_term:
+            raise ValueError("lc-asgd sends the mini-batch loss with every push: call "
+                             "opt.step(loss=loss) (or opt.step(closure))")
+        super()._exchange(grad, loss)
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return dict(vars(options))
+
+    @classmethod
+    def server_program(cls, host):
+        return _LCProgram(host, **host.spec.options)
 
 
 class SoftSync(_MailboxStrategy):
@@ -448,18 +504,38 @@ class _MailboxProgram:
 class _DCProgram(_MailboxProgram):
     def __init__(self, host, lam, adaptive, ms_momentum):
         super().__init__(host)
-        self.rule = DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum)
-        self.state = self.rule.init(host.weights)
-        self.state["backup"] = host.outbox
-        self.momentum = [{} for _ in range(host.spec.workers)]  # one buffer per worker, as asgd's
+        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum))
+
+    def setup(self, rule) -> None:
+        self.rule = rule
+        self.state = rule.init(self.host.weights)
+        self.state["backup"] = self.host.outbox
+        self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
+
+    def compensated(self, worker, grad, header) -> torch.Tensor:
+        return self.rule.compensated(self.host.weights, grad, self.state, worker)
 
     def on_push(self, worker, grad, header) -> None:
         staleness = self.staleness(worker)
-        step = self.rule.compensated(self.host.weights, grad, self.state, worker)
+        step = self.compensated(worker, grad, header)
         self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
         self.host.bump([staleness])
         self.snapshot(worker)
         self.host.answer(worker, staleness, W.STATUS_APPLIED)
+
+
+class _LCProgram(_DCProgram):
+    """dc-asgd's program with the step scaled by the worker's predicted loss (rules/lc.py)."""
+
+    def __init__(self, host, **options):
+        _MailboxProgram.__init__(self, host)
+        self.setup(LCRule(**options))
+
+    def compensated(self, worker, grad, header) -> torch.Tensor:
+        loss = float(header[W.H_LOSS])
+        self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
+        return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
+                                     version_now=self.host.version)
 
 
 class _SoftSyncProgram(_MailboxProgram):

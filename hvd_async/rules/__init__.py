@@ -1,7 +1,8 @@
 """What the update is: pure tensor math, unit-tested against hand-computed numbers."""
 from .base import Rule
 from .dc import DCRule
+from .lc import LCRule
 from .sgd import SGDRule, mean_
 from .staleness import staleness_scaled_mean_
 
-__all__ = ["Rule", "DCRule", "SGDRule", "mean_", "staleness_scaled_mean_"]
+__all__ = ["Rule", "DCRule", "LCRule", "SGDRule", "mean_", "staleness_scaled_mean_"]

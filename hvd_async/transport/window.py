@@ -5,8 +5,9 @@ shards (the first ``numel % S`` shards one element longer), shard ``k`` held by 
 Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every window has one owner):
 
 - ``weights``: the shard of the global weights;
-- ``meta`` (int64): ``[version, pushes, staleness histogram (HIST_BINS bins, the last one counts
-  everything at or beyond it)]``;
+- ``meta`` (int64): ``[version, pushes, server busy microseconds, staleness histogram (HIST_BINS
+  bins, the last one counts everything at or beyond it), a shared cursor, one value per worker]``
+  (cursor and values are used on shard 0 only: dbs-asgd's batch cursor and speed table);
 - mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
   gradient into its inbox slot, flushes, and sends the server a small header message; the server
   applies its rule, writes the weights it wants the worker to continue from into the worker's
@@ -35,6 +36,7 @@ one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--
 opening fails with a message that says so when the default one cannot create the window.
 """
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -46,8 +48,9 @@ from .base import Transport
 logger = logging.getLogger(__name__)
 
 HIST_BINS = 64
-META_VERSION, META_PUSHES, META_HIST = 0, 1, 2
-META_LEN = META_HIST + HIST_BINS
+META_VERSION, META_PUSHES, META_BUSY_US, META_HIST = 0, 1, 2, 3
+META_CURSOR = META_HIST + HIST_BINS
+META_TABLE = META_CURSOR + 1
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
 # header a worker sends with each mailbox request (float64)
@@ -108,6 +111,10 @@ class WindowSpec:
     workers: int
     options: Dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def meta_len(self) -> int:
+        return META_TABLE + self.workers
+
     def shard_len(self, shard: int) -> int:
         start, stop = shard_bounds(self.numel, self.servers)[shard]
         return stop - start
@@ -124,6 +131,7 @@ class ShardStats:
     pushes: int             # gradients or deltas received
     skipped_nonfinite: int  # pushes refused because they held NaN or infinity
     staleness_hist: List[int]  # count of pushes by staleness 0, 1, ... (last bin: that or more)
+    busy_seconds: float = 0.0  # time the server program spent on requests (mailbox mode)
 
     @property
     def staleness_mean(self) -> float:
@@ -150,7 +158,7 @@ class _Windows:
     def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
         n = spec.shard_len(shard) if shard is not None else 0
         mailbox = spec.mode == "mailbox"
-        self.meta = _allocate(comm, META_LEN if shard is not None else 0, np.int64)
+        self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
         self.weights = _allocate(comm, n, np.float32)
         self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
         self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
@@ -457,18 +465,44 @@ class WindowTransport(Transport):
         """Push ``grad`` (mailbox mode), wait for the server's answer, get the new weights into ``out``."""
         return self.request_async(KIND_PUSH, grad=grad, out=out, header=header).wait()
 
+    # --- shared cursor and per-worker values (on shard 0) -------------------------------------
+    def fetch_add_cursor(self, n: int) -> int:
+        """Atomically add ``n`` to the job's shared cursor; returns its value before (dbs-asgd's batches)."""
+        self._check_idle()
+        MPI = self._MPI
+        add, old = np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        self._win.meta.Fetch_and_op([add, MPI.INT64_T], [old, MPI.INT64_T], 0, META_CURSOR, op=MPI.SUM)
+        self._win.meta.Flush(0)
+        return int(old[0])
+
+    def publish_value(self, value: float) -> None:
+        """Write this worker's slot of the shared table (a float, e.g. its measured speed)."""
+        self._check_idle()
+        bits = np.array([value], dtype=np.float64).view(np.int64)
+        self._win.meta.Put([bits, self._MPI.INT64_T], 0, target=(META_TABLE + self._rank, 1, self._MPI.INT64_T))
+        self._win.meta.Flush(0)
+
+    def read_values(self) -> np.ndarray:
+        """Every worker's slot of the shared table (0.0 where a worker has written nothing)."""
+        self._check_idle()
+        table = np.zeros(self.size, dtype=np.int64)
+        self._win.meta.Get([table, self._MPI.INT64_T], 0, target=(META_TABLE, self.size, self._MPI.INT64_T))
+        self._win.meta.Flush(0)
+        return table.view(np.float64).copy()
+
     def read_stats(self) -> List[Dict[str, Any]]:
         """Every shard's counters as they stand (version, pushes, staleness histogram)."""
         self._check_idle()
         self._send_hist()
         self._win.meta.Flush_all()
         rows = []
-        meta = np.zeros(META_LEN, dtype=np.int64)
+        meta = np.zeros(META_CURSOR, dtype=np.int64)
         for k in range(self.servers):
-            self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_LEN, self._MPI.INT64_T))
+            self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_CURSOR, self._MPI.INT64_T))
             self._win.meta.Flush(k)
             rows.append({"version": int(meta[META_VERSION]), "pushes": _pushes(meta, self.spec.mode),
-                         "staleness_hist": meta[META_HIST:].tolist()})
+                         "busy_seconds": int(meta[META_BUSY_US]) / 1e6,
+                         "staleness_hist": meta[META_HIST:META_CURSOR].tolist()})
         return rows
 
     def close(self) -> None:
@@ -502,7 +536,7 @@ class ShardHost:
         self.numel = spec.shard_len(shard)
         self._win = _Windows(comm, spec, shard)
         self._win.lock_all()
-        self.meta = _window_array(self._win.meta, META_LEN, np.int64)
+        self.meta = _window_array(self._win.meta, spec.meta_len, np.int64)
         self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
         n, w = self.numel, spec.workers
         if spec.mode == "mailbox":
@@ -567,8 +601,10 @@ class ShardHost:
                 self.program.on_leave(worker)
             elif tag == TAG_REQUEST:
                 self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
+                start = time.perf_counter()
                 self.sync()
                 self.program.on_request(worker, self._header.copy())
+                self.meta[META_BUSY_US] += int(1e6 * (time.perf_counter() - start))
             else:
                 raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
         else:
@@ -580,7 +616,7 @@ class ShardHost:
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
-                           self.meta[META_HIST:].tolist())
+                           self.meta[META_HIST:META_CURSOR].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         self._win.free()

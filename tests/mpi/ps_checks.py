@@ -36,7 +36,8 @@ def no_lost_update():
     workers, rank = ha.size(), ha.rank()
     cases = [("asgd", "accumulate", {}, int(1500 * SCALE)),
              ("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, int(400 * SCALE)),
-             ("softsync", "mailbox", {"n": workers, "staleness_lr": False}, int(400 * SCALE))]
+             ("softsync", "mailbox", {"n": workers, "staleness_lr": False}, int(400 * SCALE)),
+             ("lc-asgd", "mailbox", {"lam": 0.0, "loss_term": False}, int(200 * SCALE))]
     for algorithm, mode, options, pushes in cases:
         t = open_transport(algorithm, mode, options)
         flat = integer_init().clone() if rank == 0 else torch.zeros(NUMEL)
@@ -92,13 +93,13 @@ def no_lost_update():
         t.close()
 
 
-def _round_robin(opt, param, grads, *, rounds):
+def _round_robin(opt, param, grads, *, rounds, losses=None):
     """Workers push in turn (worker t % W at turn t), each push finished before the next starts."""
     workers, rank = ha.size(), ha.rank()
     for turn in range(rounds * workers):
         if turn % workers == rank:
             param.grad = grads[turn].clone()
-            opt.step()
+            opt.step(loss=None if losses is None else losses[turn])
         ha.worker_comm().Barrier()
     opt.synchronize()
     return param.detach().clone()
@@ -111,11 +112,11 @@ def _sequence(numel, turns, *, integer, seed=5):
     return [torch.randn(numel, generator=gen) for _ in range(turns)]
 
 
-def _run(algorithm, init, grads, *, lr, momentum=0.0, rounds, **options):
+def _run(algorithm, init, grads, *, lr, momentum=0.0, rounds, losses=None, **options):
     param = torch.nn.Parameter(init.clone())
     opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=lr, momentum=momentum),
                                   named_parameters=[("w", param)], algorithm=algorithm, **options)
-    final = _round_robin(opt, param, grads, rounds=rounds)
+    final = _round_robin(opt, param, grads, rounds=rounds, losses=losses)
     opt.close()
     return final
 
@@ -143,6 +144,77 @@ def dc_formula():
         check(np.allclose(got.double().numpy(), w, rtol=1e-5, atol=1e-5),
               f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum}: max error "
               f"{np.abs(got.double().numpy() - w).max()}")
+
+
+def lc_formula():
+    """lc-asgd's server steps equal a float64 replay: each worker's own loss history and predictor
+    (a replay that pools the workers' histories gives other weights), scale r times dc-asgd's step."""
+    from hvd_async.rules.loss_prediction import make_predictor
+
+    workers, numel, rounds, lam, lr = ha.size(), 23, 8, 0.3, 0.1
+    init = torch.linspace(-1, 1, numel)
+    grads = _sequence(numel, rounds * workers, integer=False, seed=7)
+    # worker m's k-th report: a decaying curve of its own (m shifts its level and its rate)
+    losses = [(1 + (t % workers)) * float(np.exp(-0.15 * (1 + t % workers) * (t // workers))) + 0.1
+              for t in range(rounds * workers)]
+    got = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, min_history=2)
+
+    def replay(pooled):
+        w = init.double().numpy().copy()
+        backup = [w.copy() for _ in range(workers)]
+        held, version = [0] * workers, 0
+        own = [make_predictor("linear", min_history=2) for _ in range(workers)]
+        shared = make_predictor("linear", min_history=2)
+        for turn, g in enumerate(grads):
+            m, g, loss = turn % workers, g.double().numpy(), losses[turn]
+            predictor = shared if pooled else own[m]
+            predictor.observe(held[m], loss)
+            r = 1.0
+            if predictor.ready:
+                r = min(max(np.sqrt(predictor.predict(version) / loss), 0.25), 1.0)
+            w = w - lr * r * (g + lam * g * g * (w - backup[m]))
+            version += 1
+            backup[m], held[m] = w.copy(), version
+        return w
+
+    want = replay(pooled=False)
+    err = np.abs(got.double().numpy() - want).max()
+    check(err < 1e-4, f"lc-asgd: {err:.2e} off the per-worker replay")
+    if workers > 1:
+        pooled = np.abs(got.double().numpy() - replay(pooled=True)).max()
+        check(pooled > 10 * max(err, 1e-6), f"lc-asgd: a pooled-history replay is as close ({pooled:.2e})")
+    dc = _run("dc-asgd", init, grads, lr=lr, rounds=rounds, lam=lam)
+    off = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, loss_term=False)
+    check(torch.equal(off, dc), f"lc-asgd without the loss term != dc-asgd: {(off - dc).abs().max()}")
+    check(workers == 1 or not torch.equal(got, dc), "lc-asgd's loss term changed nothing")
+
+
+def dbs_cursor():
+    """dbs-asgd's shared cursor and speed table through the windows: concurrent draws of random
+    sizes cover every sample exactly once per epoch; every worker reads the speeds all wrote."""
+    from hvd_async.sampling import SharedCursorBatches
+
+    workers, rank, n = ha.size(), ha.rank(), 53
+    t = open_transport("dbs-asgd", "accumulate", {})
+    batches = SharedCursorBatches(n, seed=3, fetch_add=t.fetch_add_cursor)
+    rng = np.random.default_rng(rank)
+    claims = []
+    while not claims or claims[-1][0] < 3 * n:
+        size = int(rng.integers(1, 12))
+        start = t.fetch_add_cursor(size)
+        claims.append((start, batches.indices(start, size)))
+    everyone = t.allgather_object(claims)
+    if rank == 0:
+        positions = sorted((start + k, i) for mine in everyone for start, idx in mine for k, i in enumerate(idx))
+        check([p for p, _ in positions] == list(range(len(positions))), "cursor positions overlap or skip")
+        for epoch in range(3):
+            seen = sorted(i for p, i in positions if p // n == epoch)
+            check(seen == list(range(n)), f"epoch {epoch}: not every sample exactly once")
+    t.publish_value(rank + 0.5)
+    t.barrier()
+    values = t.read_values()
+    check(values.tolist() == [m + 0.5 for m in range(workers)], f"speed table {values}")
+    t.close()
 
 
 def equivalences():
@@ -274,7 +346,8 @@ def shutdown():
     stayers.Free()
 
 
-CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, equivalences, nonfinite, bad_input, shutdown)}
+CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, lc_formula, dbs_cursor, equivalences, nonfinite,
+                                   bad_input, shutdown)}
 
 
 if __name__ == "__main__":
