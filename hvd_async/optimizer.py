@@ -64,7 +64,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         **options: the algorithm's keyword options, checked here with errors that say what is
             accepted: ssgd ``backward_passes_per_step``, ``compression``, ``op``; asgd
             ``pull_every``; dc-asgd ``lam``, ``adaptive``, ``ms_momentum``; softsync ``n``,
-            ``staleness_lr``; od-sgd ``local_lr``, ``local_momentum``, ``local_optimizer``,
+            ``staleness_lr``; lc-asgd dc-asgd's and ``loss_term``, ``predictor``,
+            ``predictor_options``, ``floor``, ``r_min``, ``r_max``, ``min_history``; dbs-asgd
+            ``batch_size``, ``every``, ``smoothing``, ``min_batch``, ``max_batch``, ``pull_every``; od-sgd ``local_lr``, ``local_momentum``, ``local_optimizer``,
             ``local_schedule``, ``exchange``; hpsgd ``window``, ``merge_rate``, ``overlap``,
             ``keep_own_change``.
 
