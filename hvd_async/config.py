@@ -86,6 +86,18 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--dbs-every", type=int, default=d(10),
                    help="dbs-asgd: steps between re-measuring speeds and resizing batches "
                         "(--batch-size is the nominal batch; the global batch is workers x it)")
+    p.add_argument("--gossip-every", type=int, default=d(1), help="gossip: local steps between mixes")
+    p.add_argument("--gossip-variant", choices=("pull", "push"), default=d("pull"),
+                   help="gossip: pull (average with a peer's weights, one-sided Get) or push (push-sum, "
+                        "half of the weights added into the peer's window)")
+    p.add_argument("--gossip-topology", choices=("random", "ring", "exponential"), default=d("random"),
+                   help="gossip: how each worker picks its peer (random is seeded by --seed)")
+    p.add_argument("--tau", type=int, default=d(4), help="easgd: local steps between elastic moves")
+    p.add_argument("--alpha", type=float, default=d(None),
+                   help="easgd: moving rate in (0, 1) (default 0.9 / workers); or give --rho")
+    p.add_argument("--rho", type=float, default=d(None), help="easgd: elastic coefficient, alpha = lr * rho")
+    p.add_argument("--easgd-sync", action="store_true", default=d(False),
+                   help="easgd: synchronous form (all workers move at the same step)")
     p.add_argument("--local-lr", type=float, default=d(None),
                    help="od-sgd: rate of the local step (default: --lr; 0: ssgd one step late)")
     p.add_argument("--local-momentum", type=float, default=d(0.0),
@@ -178,7 +190,8 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:
             raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window", "dbs_every"):
+    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window", "dbs_every",
+                 "gossip_every", "tau"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
@@ -190,6 +203,12 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
         raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
     if not args.local_momentum < 1:
         raise ConfigError(f"--local-momentum must be < 1, got {args.local_momentum}")
+    if args.alpha is not None and args.rho is not None:
+        raise ConfigError(f"give --alpha or --rho, not both (got --alpha {args.alpha} --rho {args.rho})")
+    if args.alpha is not None and not 0 < args.alpha < 1:
+        raise ConfigError(f"--alpha must be in (0, 1), got {args.alpha}")
+    if args.rho is not None and not 0 < args.rho * args.lr < 1:
+        raise ConfigError(f"--rho {args.rho} gives alpha = lr * rho = {args.rho * args.lr}; it must be in (0, 1)")
     if not 0 < args.r_min <= 1:
         raise ConfigError(f"--r-min must be in (0, 1], got {args.r_min}")
     if not 0 < args.merge_rate < float("inf"):
@@ -250,6 +269,11 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
                 "r_min": args.r_min, "loss_term": not args.no_loss_term}
     if args.algo == "softsync":
         return {"n": args.softsync_n}
+    if args.algo == "gossip":
+        return {"every": args.gossip_every, "variant": args.gossip_variant, "topology": args.gossip_topology,
+                "seed": args.seed}
+    if args.algo == "easgd":
+        return {"tau": args.tau, "alpha": args.alpha, "rho": args.rho, "synchronous": args.easgd_sync}
     if args.algo == "dbs-asgd":
         return {"batch_size": args.batch_size, "every": args.dbs_every, "pull_every": args.pull_every}
     if args.algo == "od-sgd":

@@ -68,7 +68,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             ``predictor_options``, ``floor``, ``r_min``, ``r_max``, ``min_history``; dbs-asgd
             ``batch_size``, ``every``, ``smoothing``, ``min_batch``, ``max_batch``, ``pull_every``; od-sgd ``local_lr``, ``local_momentum``, ``local_optimizer``,
             ``local_schedule``, ``exchange``; hpsgd ``window``, ``merge_rate``, ``overlap``,
-            ``keep_own_change``.
+            ``keep_own_change``; gossip ``every``, ``variant``, ``topology``, ``seed``,
+            ``progress_interval``; easgd ``tau``, ``alpha`` or ``rho``, ``synchronous``.
 
     Example::
 

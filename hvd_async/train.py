@@ -190,6 +190,8 @@ def train_worker(args) -> dict:
         train_loss = comm.allreduce(float(loss_sum) / max(1, epoch_steps)) / workers
         rates = comm.gather(epoch_samples / epoch_seconds, root=0)
         accuracy = _evaluate(model, splits.test, rank, workers, comm)
+        if hasattr(opt.strategy, "resume_local"):  # easgd evaluated the centre; train on its own weights
+            opt.strategy.resume_local()
         wait_ms = 1000.0 * wait / max(1, epoch_steps)
         wait_total += wait
         staleness = _staleness_counts(stats, comm)

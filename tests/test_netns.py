@@ -69,3 +69,23 @@ def test_dc_asgd_job_across_hosts(cluster, tmp_path):
     record = json.loads(metrics.read_text())
     assert record["workers"] == 4 and record["final_test_accuracy"] >= 0.9, record["history"]
     assert record["staleness_max"] >= 1  # workers on three hosts do not push in lockstep
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_gossip_checks_across_hosts(cluster, np):
+    """Every worker's window is read and written by peers on other hosts while it computes."""
+    result = run(["bash", TOOL, "mpirun", "-np", str(np), "-x", "SERVERS",
+                  *python("tests/mpi/gossip_checks.py", "push_sum_keeps_the_sum", "pull_contracts",
+                          "peer_sequence_reproducible")], timeout=400, env=dict(ENV, SERVERS="0"))
+    assert result.returncode == 0, result.out[-5000:]
+    assert "GOSSIP CHECKS OK push_sum_keeps_the_sum pull_contracts peer_sequence_reproducible" in result.out
+
+
+def test_gossip_job_across_hosts(cluster, tmp_path):
+    metrics = tmp_path / "gossip.json"
+    result = run(["bash", TOOL, "mpirun", "-np", "3",
+                  *python("-m", "hvd_async.train", "--algo", "gossip", "--epochs", "5",
+                          "--metrics-out", str(metrics))], timeout=400, env=ENV)
+    assert result.returncode == 0, result.out[-5000:]
+    record = json.loads(metrics.read_text())
+    assert record["workers"] == 3 and record["final_test_accuracy"] >= 0.9, record["history"]

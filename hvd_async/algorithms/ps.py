@@ -82,6 +82,20 @@ class _FlatModel:
         return self.grad
 
 
+def local_step_if_finite(strategy, model: "_FlatModel") -> bool:
+    """The wrapped optimizer's step on the worker's weights, unless a gradient holds NaN or infinity:
+    then the step is skipped, counted in ``strategy.skipped_nonfinite`` and logged (gossip, easgd)."""
+    if bool(torch.isfinite(model.gather_grads()).all()):
+        strategy.optimizer.step()
+        model.store_params()
+        return True
+    strategy.skipped_nonfinite += 1
+    if strategy.skipped_nonfinite == 1 or strategy.skipped_nonfinite % 100 == 0:
+        logger.warning("worker %d: gradient holds NaN or infinity at step %d; optimizer step skipped "
+                       "(%d so far)", strategy.transport.rank, strategy.steps + 1, strategy.skipped_nonfinite)
+    return False
+
+
 def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
     """The SGD hyperparameters a push carries to a server-side rule, read from the param groups now
     (so schedulers work); raises where the server cannot apply what the optimizer says."""
