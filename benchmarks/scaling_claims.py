@@ -29,7 +29,7 @@ def parse_args(argv=None):
     p.add_argument("--workers-list", default="2,4,8")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--compute-ms", type=float, default=10.0, help="injected compute per step")
-    p.add_argument("--target", type=float, default=0.9, help="test accuracy whose time-to-reach is printed")
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy whose time-to-reach is printed")
     p.add_argument("--outdir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
     args.worker_counts = [int(w) for w in args.workers_list.split(",") if w]
