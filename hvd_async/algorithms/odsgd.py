@@ -40,7 +40,6 @@ Non-finite gradients are not exchanged (window: that worker sends none this iter
 gradient joins the pending global step; allreduce: it contributes zeros and is not counted in the
 mean) and skip the local step; ``stats()["skipped_nonfinite"]`` counts them.
 """
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,9 +52,7 @@ from ..rules import SGDRule
 from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
-from .ps import _FlatModel, _SoftSyncProgram, check_server_sgd, mailbox_snapshot, server_sgd_hyper
-
-logger = logging.getLogger(__name__)
+from .ps import _FlatModel, _SoftSyncProgram, check_server_sgd, finite_grads, mailbox_snapshot, server_sgd_hyper
 
 EXCHANGES = ("window", "allreduce")
 
@@ -259,19 +256,15 @@ class ODSGD(Strategy):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad = self.model.gather_grads()
-        finite = bool(torch.isfinite(grad).all())
-        if not finite:
-            self.skipped_nonfinite += 1
-            logger.warning("worker %d: gradient holds NaN or infinity at step %d; not exchanged "
-                           "(%d skipped so far)", self.transport.rank, self.steps + 1, self.skipped_nonfinite)
+        grad = finite_grads(self, self.model, "not exchanged")
+        finite = grad is not None
         header = server_sgd_hyper(self.name, self.optimizer)
         if loss is not None:
             header[W.H_LOSS] = float(loss)
         start = time.perf_counter()
         self.exchange.finish()  # w_g(t) is now in global_w
         self.wait_seconds += time.perf_counter() - start
-        self.exchange.start(grad if finite else None, header)
+        self.exchange.start(grad, header)
         if finite:
             self.hist[0 if self.fresh else 1] += 1
             self.fresh = False

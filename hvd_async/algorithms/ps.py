@@ -82,18 +82,27 @@ class _FlatModel:
         return self.grad
 
 
-def local_step_if_finite(strategy, model: "_FlatModel") -> bool:
-    """The wrapped optimizer's step on the worker's weights, unless a gradient holds NaN or infinity:
-    then the step is skipped, counted in ``strategy.skipped_nonfinite`` and logged (gossip, easgd)."""
-    if bool(torch.isfinite(model.gather_grads()).all()):
-        strategy.optimizer.step()
-        model.store_params()
-        return True
+def finite_grads(strategy, model: "_FlatModel", skipped: str) -> Optional[torch.Tensor]:
+    """The model's gradients as one flat tensor, or None (counted in ``strategy.skipped_nonfinite``
+    and logged, ``skipped`` saying what is not done) when one holds NaN or infinity."""
+    grad = model.gather_grads()
+    if bool(torch.isfinite(grad).all()):
+        return grad
     strategy.skipped_nonfinite += 1
     if strategy.skipped_nonfinite == 1 or strategy.skipped_nonfinite % 100 == 0:
-        logger.warning("worker %d: gradient holds NaN or infinity at step %d; optimizer step skipped "
-                       "(%d so far)", strategy.transport.rank, strategy.steps + 1, strategy.skipped_nonfinite)
-    return False
+        logger.warning("worker %d: gradient holds NaN or infinity at step %d; %s (%d skipped so far)",
+                       strategy.transport.rank, strategy.steps + 1, skipped, strategy.skipped_nonfinite)
+    return None
+
+
+def local_step_if_finite(strategy, model: "_FlatModel") -> bool:
+    """The wrapped optimizer's step on the worker's weights, skipped when a gradient is not finite
+    (gossip, easgd)."""
+    if finite_grads(strategy, model, "optimizer step skipped") is None:
+        return False
+    strategy.optimizer.step()
+    model.store_params()
+    return True
 
 
 def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
@@ -215,14 +224,7 @@ class PSStrategy(Strategy):
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
-        grad = self.model.gather_grads()
-        if bool(torch.isfinite(grad).all()):
-            return grad
-        self.skipped_nonfinite += 1
-        if self.skipped_nonfinite == 1 or self.skipped_nonfinite % 100 == 0:
-            logger.warning("worker %d: gradient holds NaN or infinity at step %d; not pushed "
-                           "(%d skipped so far)", self.transport.rank, self.steps + 1, self.skipped_nonfinite)
-        return None
+        return finite_grads(self, self.model, "not pushed")
 
     def _record(self, staleness) -> None:
         for k, s in enumerate(staleness):
