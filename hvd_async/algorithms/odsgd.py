@@ -130,7 +130,7 @@ class _AllreduceExchange:
     """The global step on every worker's copy of ``w_g``, after Horovod sums the gradients."""
 
     def __init__(self, transport, model: _FlatModel, global_w: torch.Tensor):
-        self.transport, self.model, self.global_w = transport, model, global_w
+        self.transport, self.global_w = transport, global_w
         self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
         self.sgd, self.sgd_state = SGDRule(), {}
         self.handle, self.hyper = None, None
