@@ -1,5 +1,5 @@
 # The two commands of the README, and the setup they share (idempotent; fast when nothing changed).
-.PHONY: setup train test bench
+.PHONY: setup train test bench docs study stress
 VENV := .venv
 
 setup:
@@ -19,3 +19,15 @@ bench: setup
 	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode shm
 	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode no-shm
 	$(VENV)/bin/python benchmarks/straggler_throughput.py
+
+# The CLI reference (docs/cli.md) from the parser; a test checks it is current.
+docs: setup
+	$(VENV)/bin/python scripts/gen_cli_docs.py
+
+# The reproduction study of the papers' claims: JSON and plots in benchmarks/results/, docs/results.md.
+study: setup
+	$(VENV)/bin/python benchmarks/reproduce.py
+
+# The long stress run (randomized asynchronous jobs); make test runs a short one.
+stress: setup
+	STRESS_RUNS=40 $(VENV)/bin/python -m pytest tests/test_stress.py -q -p no:cacheprovider

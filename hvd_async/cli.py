@@ -1,7 +1,10 @@
-"""The ``hvd-async`` command: ``train`` launches the reference job over mpirun; ``algorithms`` lists the registry."""
+"""The ``hvd-async`` command: ``train`` launches the reference job over mpirun; ``simulate`` runs it on a
+virtual clock in one process (:mod:`hvd_async.sim`); ``algorithms`` lists the registry."""
 import argparse
 import os
+import signal
 import sys
+import time
 from typing import List, Optional
 
 from . import config, launcher, registry
@@ -22,27 +25,82 @@ def _train(argv: List[str]) -> int:
     except config.ConfigError as exc:
         print(f"hvd-async train: error: {exc}", file=sys.stderr)
         return 2
-    job_argv = list(argv)
-    if "--mpi-args" in job_argv:  # launcher-only option: not for the job
-        i = job_argv.index("--mpi-args")
-        del job_argv[i:i + 2]
-    job_argv = [a for a in job_argv if not a.startswith("--mpi-args=")]
+    from . import checkpoint  # (imports torch: not for --help)
+
+    job_argv = _launcher_only_removed(argv, ("--mpi-args", "--max-restarts"))
     if "--np" not in job_argv and not any(a.startswith("--np=") for a in job_argv):
         job_argv += ["--np", str(args.np)]
     if sys.stderr.isatty() and args.progress == "auto":  # ranks' output is piped: tell them
         os.environ["HVD_ASYNC_PROGRESS"] = "1"
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    try:
-        cmd = launcher.mpirun_command(args.np, launcher.python_module("hvd_async.train", job_argv),
-                                      mpi_args=args.mpi_args)
-    except FileNotFoundError as exc:
-        print(f"hvd-async train: error: {exc}", file=sys.stderr)
-        return 2
-    return launcher.run(cmd)
+    restarts = 0
+    while True:
+        run_argv = list(job_argv)
+        if restarts and not args.resume and checkpoint.latest(args.checkpoint_dir):
+            run_argv.append("--resume")
+        try:
+            cmd = launcher.mpirun_command(args.np, launcher.python_module("hvd_async.train", run_argv),
+                                          mpi_args=args.mpi_args)
+        except FileNotFoundError as exc:
+            print(f"hvd-async train: error: {exc}", file=sys.stderr)
+            return 2
+        started = time.monotonic()
+        code = launcher.run(cmd)
+        if code in FINAL_EXIT_CODES:
+            return code
+        why = _failure(code, time.monotonic() - started)
+        if restarts >= args.max_restarts:
+            hint = (f"; --max-restarts {args.max_restarts} used up" if args.max_restarts else
+                    "; with --checkpoint-dir and --max-restarts K it is relaunched from the newest checkpoint")
+            print(f"hvd-async train: error: {why}{hint}", file=sys.stderr)
+            return code
+        restarts += 1
+        newest = checkpoint.latest(args.checkpoint_dir)
+        print(f"hvd-async train: {why}; restart {restarts} of {args.max_restarts} from "
+              f"{newest or 'the start (no checkpoint was written yet)'}", file=sys.stderr, flush=True)
+
+
+# exit codes of the job that a restart would not change: done, bad input, stopped on a non-finite
+# streak, done without a stalled worker (--worker-timeout), Ctrl-C
+FINAL_EXIT_CODES = (0, 2, 3, 4, 130)
+
+
+def _failure(code: int, seconds: float) -> str:
+    """The launcher's line on a failed job (the job or mpirun said above what went wrong)."""
+    what = f"exit status {code}"
+    if code > 128 and code - 128 in signal.valid_signals():
+        what += (f": a process was killed by {signal.Signals(code - 128).name}; mpirun names its rank above "
+                 f"(ranks count the servers first: world rank r >= servers is worker r - servers)")
+    elif code == 5:
+        what += ": a worker stopped making progress (--worker-timeout; named above)"
+    else:
+        what += "; the error is above"
+    return f"the job failed after {seconds:.0f} s ({what})"
+
+
+def _launcher_only_removed(argv: List[str], options) -> List[str]:
+    """``argv`` less the options only the launcher reads (``--opt VALUE`` and ``--opt=VALUE``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not any(arg.startswith(option + "=") for option in options):
+            out.append(arg)
+    return out
+
+
+def _simulate(argv: List[str]) -> int:
+    from . import sim
+
+    return sim.main(argv)
 
 
 COMMANDS = {
     "train": (_train, "launch the reference training job on --np MPI processes (see 'hvd-async train --help')"),
+    "simulate": (_simulate, "simulate the job with N workers on a virtual clock, deterministically "
+                            "(see 'hvd-async simulate --help')"),
     "algorithms": (_algorithms, "list the algorithms of the registry and which are built"),
 }
 
@@ -66,6 +124,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = COMMANDS[argv[0]][0]
     if argv[0] == "train" and any(a in ("-h", "--help") for a in argv[1:]):
         config.build_parser(launcher=True).print_help()
+        return 0
+    if argv[0] == "simulate" and any(a in ("-h", "--help") for a in argv[1:]):
+        from .sim.options import build_parser
+
+        build_parser().print_help()
         return 0
     return command(argv[1:])
 

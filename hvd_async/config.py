@@ -4,7 +4,9 @@ Every bad value raises :class:`ConfigError` with one line naming the value and w
 command-line front ends print that line and exit with status 2.
 """
 import argparse
+import math
 import os
+import shlex
 import sys
 from typing import Dict, List, Optional, Sequence
 
@@ -15,6 +17,9 @@ from .data import DATASETS, FILE_DATASETS
 from .models import MODELS
 
 
+MAX_SEED = 2 ** 32 - 1  # numpy's and scikit-learn's seeds are 32-bit
+
+
 class ConfigError(ValueError):
     """A bad option value; the message is the one line the user sees."""
 
@@ -23,6 +28,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (no usage dump) and raise ConfigError."""
 
     def error(self, message):
+        if message.startswith("unrecognized arguments"):
+            message += f"; '{self.prog} --help' lists the accepted options"
+        elif "ignored explicit argument" in message:
+            message += " (a flag: give it without a value)"
         raise ConfigError(message)
 
 
@@ -50,6 +59,9 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--image-size", type=int, default=d(None),
                    help="resize images to this size (synthetic: 32, imagenet: 224 by default)")
     p.add_argument("--model", default=d("mlp"), metavar="NAME", help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=d("cpu"),
+                   help="train on the CPU, or on one GPU per worker (local rank modulo the GPUs visible); "
+                        "ssgd and hpsgd then reduce on the GPU (Horovod's NCCL operations where built)")
     p.add_argument("--epochs", type=int, default=d(10), help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=d(32), help="samples per step on each worker")
     p.add_argument("--lr", type=float, default=d(0.1), help="learning rate")
@@ -114,9 +126,36 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--drop-own-change", action="store_true", default=d(False),
                    help="hpsgd: restart the replica from the global model alone, dropping its own "
                         "change in flight (the literal reading; unstable at high momentum)")
+    p.add_argument("--checkpoint-dir", default=d(None), metavar="DIR",
+                   help="write checkpoints here (ckpt-<updates>.pt: model, optimizer, the algorithm's state "
+                        "with every server shard, batch positions, RNG states)")
+    p.add_argument("--checkpoint-every", default=d("1"), metavar="N[epochs|steps]",
+                   help="checkpoint every N epochs (N or Nepochs) or every N steps (Nsteps; for "
+                        "parameter-server algorithms a step is one update of the global weights); the "
+                        "last epoch is always saved")
+    p.add_argument("--keep-checkpoints", type=int, default=d(2), metavar="K",
+                   help="keep the K newest checkpoints in --checkpoint-dir")
+    p.add_argument("--resume", action="store_true", default=d(False),
+                   help="resume from the newest checkpoint in --checkpoint-dir (the same algorithm, "
+                        "workers, servers, data, model, batch size and seed)")
+    p.add_argument("--deterministic", action="store_true", default=d(False),
+                   help="ssgd, hpsgd, od-sgd (allreduce): reduce tensor by tensor (Horovod fusion off) so "
+                        "that sums run in the same order in every run and a resumed run repeats a straight "
+                        "one bit for bit; slower on large models")
+    p.add_argument("--worker-timeout", type=float, default=d(None), metavar="SECONDS",
+                   help="a worker that makes no progress for this long is named: parameter-server "
+                        "algorithms go on without it (the job then ends with exit status 4 after "
+                        "writing its results); the others stop with exit status 5 (which "
+                        "--max-restarts relaunches)")
+    p.add_argument("--max-nonfinite", type=int, default=d(20), metavar="K",
+                   help="stop (with a checkpoint of the last good state) after K gradients in a row held "
+                        "NaN or infinity on a worker; none is ever applied (0: never stop)")
     p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
                    help="progress display on the reporting worker (auto: a bar on a terminal)")
     if launcher:
+        p.add_argument("--max-restarts", type=int, default=d(0), metavar="K",
+                       help="when the job fails (e.g. a process dies), relaunch it up to K times from "
+                            "the newest checkpoint (needs --checkpoint-dir)")
         p.add_argument("--mpi-args", default=d(""), metavar="'ARGS'",
                        help="extra arguments for mpirun, e.g. '--hostfile hosts --map-by node'")
     return p
@@ -143,13 +182,34 @@ def _load_yaml(path: str, parser) -> Dict:
             if isinstance(value, dict):
                 value = [f"{k}={v}" for k, v in value.items()]
             value = [str(v) for v in (value if isinstance(value, list) else [value])]
-        elif known[dest].type is not None and value is not None:
-            try:
-                value = known[dest].type(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"--config {path}: {key}: invalid value {value!r}") from None
+        else:
+            value = _yaml_value(path, key, value, known[dest])
         out[dest] = value
     return out
+
+
+def _yaml_value(path: str, key, value, action: argparse.Action):
+    """One value of a ``--config`` file, checked as the flag's own parsing checks it."""
+    if value is None:
+        if action.default is not None:
+            raise ConfigError(f"--config {path}: {key} has no value; give one or leave the key out")
+        return value
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise ConfigError(f"--config {path}: {key}: invalid value {value!r}; accepted: true or false")
+        return value
+    if action.type is not None:
+        try:
+            if isinstance(value, (bool, list, dict)) or (action.type is int and isinstance(value, float)):
+                raise TypeError(value)  # int() would take True or 2.5 as 1 or 2
+            value = action.type(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--config {path}: {key}: invalid value {value!r} "
+                              f"(expected {action.type.__name__})") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"--config {path}: {key}: invalid choice {value!r}; choose from "
+                          f"{', '.join(map(str, action.choices))}")
+    return value
 
 
 def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True) -> argparse.Namespace:
@@ -201,8 +261,14 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.local_lr is not None and not args.local_lr >= 0:
         raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
-    if not args.local_momentum < 1:
-        raise ConfigError(f"--local-momentum must be < 1, got {args.local_momentum}")
+    for name in ("momentum", "local_momentum"):
+        if not getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be < 1, got {getattr(args, name)}")
+    for name in ("lr", "weight_decay", "compute_ms", "lam", "local_lr"):
+        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be in 0..{MAX_SEED} (2**32 - 1), got {args.seed}")
     if args.alpha is not None and args.rho is not None:
         raise ConfigError(f"give --alpha or --rho, not both (got --alpha {args.alpha} --rho {args.rho})")
     if args.alpha is not None and not 0 < args.alpha < 1:
@@ -240,6 +306,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
             1 <= args.softsync_n <= (args.workers if args.workers is not None else args.softsync_n)):
         raise ConfigError(f"--softsync-n {args.softsync_n} must be between 1 and the number of workers "
                           f"({args.workers})")
+    _validate_checkpoints(args)
     args.stragglers = parse_stragglers(args.straggler)
     for worker in args.stragglers:
         if args.workers is not None and not 0 <= worker < args.workers:
@@ -252,7 +319,48 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
                               f"files); digits and synthetic need none")
         if not os.path.isdir(args.data_dir):
             raise ConfigError(f"--data-dir {args.data_dir} does not exist or is not a folder")
+    _validate_outputs(args)
     return args
+
+
+def _validate_outputs(args: argparse.Namespace) -> None:
+    """What the job writes must be writable where it says, checked before any process starts."""
+    if args.logdir and os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
+        raise ConfigError(f"--logdir {args.logdir} exists and is not a folder; give a folder for the "
+                          f"TensorBoard files")
+    if args.metrics_out and os.path.isdir(args.metrics_out):
+        raise ConfigError(f"--metrics-out {args.metrics_out} is a folder; give a file path, e.g. "
+                          f"{os.path.join(args.metrics_out, 'metrics.json')}")
+    mpi_args = getattr(args, "mpi_args", "")
+    if mpi_args:
+        try:
+            shlex.split(mpi_args)
+        except ValueError as exc:
+            raise ConfigError(f"--mpi-args {mpi_args!r} cannot be split into arguments ({exc}); "
+                              f"quote as in a shell, e.g. '--hostfile hosts --map-by node'") from None
+
+
+def _validate_checkpoints(args: argparse.Namespace) -> None:
+    from .jobstate import parse_every
+
+    try:
+        parse_every(args.checkpoint_every)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.keep_checkpoints < 1:
+        raise ConfigError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
+    if args.worker_timeout is not None and not 0 < args.worker_timeout < float("inf"):
+        raise ConfigError(f"--worker-timeout must be a number of seconds > 0, got {args.worker_timeout}")
+    if args.max_nonfinite < 0:
+        raise ConfigError(f"--max-nonfinite must be >= 0 (0: never stop), got {args.max_nonfinite}")
+    restarts = getattr(args, "max_restarts", 0)
+    if restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
+    for flag, wanted in (("--resume", args.resume), (f"--max-restarts {restarts}", restarts > 0)):
+        if wanted and not args.checkpoint_dir:
+            raise ConfigError(f"{flag} needs --checkpoint-dir (the folder the checkpoints are in)")
+    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+        raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
 
 
 def algorithm_options(args: argparse.Namespace) -> Dict:

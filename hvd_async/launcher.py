@@ -1,10 +1,12 @@
 """Build and run the mpirun command line that starts a job on this machine (or a hostfile's)."""
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-from typing import List, Sequence
+import threading
+from typing import List, Optional, Sequence
 
 
 def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
@@ -29,17 +31,102 @@ def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
 
 
 def run(cmd: List[str]) -> int:
-    """Run a launcher command to completion and return its exit status (Ctrl-C stops the job)."""
-    proc = subprocess.Popen(cmd)
+    """Run a launcher command to completion and return its exit status (Ctrl-C stops the job).
+
+    Its stderr is relayed as it comes, except mpirun's exit-status banner after a job that already
+    said what went wrong in an ``error:`` line (see :class:`BannerFilter`)."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    relay = threading.Thread(target=_relay, args=(proc.stderr, BannerFilter(sys.stderr)), daemon=True)
+    relay.start()
     try:
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        return 130
+        code = 130
+    relay.join(10)
+    return code
+
+
+def _relay(pipe, sink: "BannerFilter") -> None:
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        sink.feed(data)
+    sink.close()
+
+
+_BANNER_EDGE = re.compile(rb"^-{20,}\s*$")
+# mpirun's banners that only repeat that a process exited with a non-zero status
+_EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit code")
+
+
+class BannerFilter:
+    """Passes a job's stderr through as it comes (progress bars included: text after ``\\r`` goes out
+    at once), holding back each block mpirun frames with lines of dashes until it is complete. Once
+    a line held ``error:`` (the job's own one-line error), the blocks that only say a process
+    exited with a non-zero status are dropped; every other block (a rank killed by a signal, help
+    messages) is passed on whole."""
+
+    def __init__(self, out):
+        self.out = out
+        self.binary = getattr(out, "buffer", None)
+        self.line = b""  # the current line, ``flushed`` bytes of it already written
+        self.flushed = 0
+        self.block: Optional[List[bytes]] = None
+        self.saw_error = False
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            if self.binary is not None:
+                self.out.flush()
+                self.binary.write(data)
+                self.binary.flush()
+            else:
+                self.out.write(data.decode(errors="replace"))
+                self.out.flush()
+
+    def feed(self, data: bytes) -> None:
+        for piece in re.split(rb"(?<=[\r\n])", data):
+            if not piece:
+                continue
+            self.line += piece
+            if self.line.endswith((b"\n", b"\r")):
+                self._complete(self.line)
+                self.line, self.flushed = b"", 0
+            elif self.block is None and not self.line.startswith(b"-"):
+                self._write(self.line[self.flushed:])
+                self.flushed = len(self.line)
+
+    def _complete(self, line: bytes) -> None:
+        edge = self.flushed == 0 and _BANNER_EDGE.match(line) is not None
+        if self.block is not None:
+            self.block.append(line)
+            if edge:
+                text, self.block = b"".join(self.block), None
+                if not (self.saw_error and any(marker in text for marker in _EXIT_BANNERS)):
+                    self._write(text)
+            return
+        if edge:
+            self.block = [line]
+            return
+        self._write(line[self.flushed:])
+        if b"error:" in line:
+            self.saw_error = True
+
+    def close(self) -> None:
+        """At the end of the stream: write what is still held (an unfinished line or block)."""
+        if self.line:
+            self._complete(self.line)
+            self.line, self.flushed = b"", 0
+        if self.block is not None:
+            self._write(b"".join(self.block))
+            self.block = None
 
 
 def python_module(module: str, args: Sequence[str]) -> List[str]:

@@ -1,8 +1,82 @@
-"""Run metrics: the per-epoch history, TensorBoard scalars (one writer, on the reporting worker), the JSON file."""
+"""Run metrics: the per-epoch history, TensorBoard scalars (one writer, on the reporting worker), the JSON file.
+
+TensorBoard tags, one point per epoch (docs/guide.md shows them):
+
+- global: ``accuracy/test``, ``loss/train``, ``throughput/samples_per_second``,
+  ``time/exchange_wait_ms_per_step`` (mean over workers), ``time/compute_ms_per_step``, and for
+  od-sgd/hpsgd/gossip/easgd ``time/exchange_blocked_ms_per_step``;
+- per worker (k = 0 .. workers-1): ``loss/worker_k``, ``throughput/worker_k``,
+  ``time/exchange_wait_ms_per_step/worker_k``, ``batch_size/worker_k`` (dbs-asgd);
+- parameter servers: ``server/pushes_per_second`` (the apply rate), ``server/ms_per_push``
+  (dc-asgd, lc-asgd, softsync), ``compensation/rms_norm``, ``compensation/gradient_rms_norm``,
+  ``compensation/relative`` (dc-asgd, lc-asgd); the ``staleness`` histogram.
+"""
 import json
+import math
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+# history key -> TensorBoard tag of the server-side scalars
+SERVER_TAGS = {"server_pushes_per_second": "server/pushes_per_second",
+               "server_ms_per_push": "server/ms_per_push",
+               "compensation_rms_norm": "compensation/rms_norm",
+               "gradient_rms_norm": "compensation/gradient_rms_norm",
+               "compensation_relative": "compensation/relative"}
+
+
+def compensation_norms(compensation_sq: float, grad_sq: float, pushes: int) -> Dict[str, float]:
+    """Root-mean-square norms over ``pushes`` pushes of the compensation a server added to each
+    gradient (``||compensated step - g||``) and of the gradients, and their ratio."""
+    out = {}
+    if pushes > 0:
+        out["compensation_rms_norm"] = math.sqrt(max(0.0, compensation_sq) / pushes)
+        out["gradient_rms_norm"] = math.sqrt(max(0.0, grad_sq) / pushes)
+    if grad_sq > 0:
+        out["compensation_relative"] = math.sqrt(max(0.0, compensation_sq) / grad_sq)
+    return out
+
+
+def evaluate_accuracy(model, dataset, rank: int, size: int, comm, device=None) -> float:
+    """Accuracy over the whole test split, each worker taking every size-th sample; collective over
+    ``comm`` (an mpi4py communicator, or the simulator's)."""
+    import torch
+    from torch.utils.data import DataLoader, Subset
+
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in DataLoader(Subset(dataset, range(rank, len(dataset), size)), batch_size=512):
+            if device is not None:
+                x, y = x.to(device), y.to(device)
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(y)
+    model.train()
+    correct, total = comm.allreduce(np.array([correct, total], dtype=np.int64))
+    return int(correct) / max(1, int(total))
+
+
+def pooled_staleness(stats: dict, comm) -> np.ndarray:
+    """All workers' staleness histograms summed (count of pushes by staleness 0, 1, ...)."""
+    mine = np.asarray(stats.get("staleness_hist", [0]), dtype=np.int64)
+    counts = comm.allreduce(mine)
+    nonzero = np.nonzero(counts)[0]
+    return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
+
+
+def print_result(args, record: Dict, *, simulated: bool = False) -> None:
+    """The job's last lines on stdout: the result, and where the metrics file went."""
+    if simulated:
+        who, took, rate = "simulated worker(s)", f"{record['wall_seconds']:.2f} simulated s", "samples per simulated s"
+    else:
+        who, took, rate = "worker(s)", f"{record['wall_seconds']:.1f} s", "samples/s"
+    print(f"result: {args.algo} on {args.dataset} ({args.model}), {record['workers']} {who}, {args.epochs} "
+          f"epochs: test accuracy {record['final_test_accuracy']:.4f}, train loss {record['final_train_loss']:.4f}, "
+          f"{took}, {record['samples_per_second']:.0f} {rate}", flush=True)
+    if args.metrics_out:
+        print(f"metrics written to {args.metrics_out}", flush=True)
 
 
 class RunMetrics:
@@ -14,6 +88,7 @@ class RunMetrics:
         self.reporter = reporter
         self.start = time.perf_counter()
         self.writer = None
+        self._totals: Dict[str, float] = {}  # last value of each running counter seen by delta()
         if reporter and logdir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -26,24 +101,66 @@ class RunMetrics:
         if self.writer is not None:
             self.writer.add_scalar(tag, value, step)
 
+    def per_worker(self, prefix: str, values: Sequence[float], step: int) -> None:
+        """One scalar per worker: ``{prefix}/worker_{k}``."""
+        for worker, value in enumerate(values):
+            self.scalar(f"{prefix}/worker_{worker}", value, step)
+
+    def delta(self, name: str, total: float) -> float:
+        """How much the running counter ``name`` grew since the last call (since 0 on the first)."""
+        grown = total - self._totals.get(name, 0)
+        self._totals[name] = total
+        return grown
+
     def epoch(self, epoch: int, *, test_accuracy: float, train_loss: float,
               worker_samples_per_second: List[float], exchange_wait_ms: float,
-              timing: Optional[Dict[str, float]] = None) -> Dict:
+              timing: Optional[Dict[str, float]] = None, worker_losses: Sequence[float] = (),
+              worker_exchange_wait_ms: Sequence[float] = ()) -> Dict:
         """Record one epoch; ``timing`` (milliseconds per step, averaged over workers) goes to the
-        history and to TensorBoard under ``time/``."""
+        history and to TensorBoard under ``time/``; ``exchange_wait_ms`` is the time per step spent
+        in ``step()`` (averaged over workers), ``worker_*`` the per-worker values."""
         entry = {"epoch": epoch, "wall_seconds": round(self.elapsed(), 4),
                  "test_accuracy": test_accuracy, "train_loss": train_loss, "exchange_wait_ms": exchange_wait_ms}
         entry.update(timing or {})
+        if worker_losses:
+            entry["worker_train_loss"] = list(worker_losses)
+        if worker_exchange_wait_ms:
+            entry["worker_exchange_wait_ms"] = list(worker_exchange_wait_ms)
         for name, value in (timing or {}).items():
             self.scalar(f"time/{name}", value, epoch)
         self.history.append(entry)
         self.scalar("accuracy/test", test_accuracy, epoch)
         self.scalar("loss/train", train_loss, epoch)
+        self.per_worker("loss", worker_losses, epoch)
         self.scalar("throughput/samples_per_second", sum(worker_samples_per_second), epoch)
-        for worker, rate in enumerate(worker_samples_per_second):
-            self.scalar(f"throughput/worker_{worker}", rate, epoch)
+        self.per_worker("throughput", worker_samples_per_second, epoch)
         self.scalar("time/exchange_wait_ms_per_step", exchange_wait_ms, epoch)
+        self.per_worker("time/exchange_wait_ms_per_step", worker_exchange_wait_ms, epoch)
         return entry
+
+    def server(self, epoch: int, *, pushes: int, seconds: float, stats: Dict) -> Dict[str, float]:
+        """The parameter servers' scalars for one epoch (:data:`SERVER_TAGS`): pushes applied per
+        second of this epoch's training (``pushes``: the running count, ``opt.progress()``), the
+        server's time per push, and over this epoch's pushes the compensation norms (``stats`` of
+        dc-asgd and lc-asgd). Returns them, for the history."""
+        out = {"server_pushes_per_second": self.delta("pushes", pushes) / max(seconds, 1e-9)}
+        if "server_ms_per_push" in stats:
+            out["server_ms_per_push"] = stats["server_ms_per_push"]
+        if "compensation_sq_sum" in stats:
+            out.update(compensation_norms(self.delta("compensation_sq", stats["compensation_sq_sum"]),
+                                          self.delta("grad_sq", stats["grad_sq_sum"]),
+                                          self.delta("server_pushes", stats["server_pushes"])))
+        for name, value in out.items():
+            self.scalar(SERVER_TAGS[name], value, epoch)
+        return out
+
+    @staticmethod
+    def compensation(stats: Dict) -> Dict[str, float]:
+        """The compensation norms over the whole run, from dc-asgd's or lc-asgd's ``opt.stats()``
+        (empty for the other algorithms)."""
+        if "compensation_sq_sum" not in stats:
+            return {}
+        return compensation_norms(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
 
     def staleness_histogram(self, counts, before, epoch: int) -> None:
         """TensorBoard histogram ``staleness`` of the pushes applied during this epoch."""

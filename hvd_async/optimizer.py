@@ -6,6 +6,7 @@ import torch
 
 from . import registry, runtime
 from .algorithms.base import parse_options
+from .transport.base import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -14,7 +15,11 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
         return [(f"param.{i}", p) for i, p in enumerate(params)]
-    named = list(named_parameters)
+    try:
+        named = list(named_parameters)
+    except TypeError:
+        raise TypeError(f"named_parameters must be an iterable of (name, parameter) pairs, e.g. "
+                        f"model.named_parameters(); got {type(named_parameters).__name__}") from None
     if any(not (isinstance(item, tuple) and len(item) == 2) for item in named):
         raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
     names = [name for name, _ in named]
@@ -87,6 +92,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("optimizer is already a hvd_async.DistributedOptimizer; wrap the plain one")
+        if transport is not None and not isinstance(transport, Transport):
+            raise TypeError(f"transport must be a hvd_async.transport.Transport, got "
+                            f"{type(transport).__name__}; leave it out to use the algorithm's own")
         strategy_cls = registry.strategy_class(algorithm)
         parsed = parse_options(strategy_cls.Options, algorithm, options)
         named = _named_parameters(optimizer, named_parameters)

@@ -156,18 +156,29 @@ def worker_comm():
     return _worker_runtime("worker_comm()").group
 
 
-def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05) -> server.ServerReport:
+def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
+          worker_timeout: Optional[float] = None) -> server.ServerReport:
     """Run the server loop until every worker has finished (see :mod:`hvd_async.server`).
 
     Args:
         poll_interval: sleep per loop turn while no worker is active.
         spin_seconds: after the last sign of activity, keep turning without sleeping this long.
+        worker_timeout: seconds after which an aggregate (softsync, od-sgd) stops waiting for a
+            worker that sent nothing; None waits for ever.
     """
     rt = _runtime()
     if rt.role is not Role.SERVER:
         raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
+    for name, value in (("poll_interval", poll_interval), ("spin_seconds", spin_seconds),
+                        ("worker_timeout", worker_timeout)):
+        if value is None and name == "worker_timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf") \
+                or (name == "worker_timeout" and value == 0):
+            raise ValueError(f"serve(): {name} must be a finite number of seconds "
+                             f"{'> 0 (or None)' if name == 'worker_timeout' else '>= 0'}, got {value!r}")
     report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
-                        win_comm=rt.win_comm)
+                        win_comm=rt.win_comm, worker_timeout=worker_timeout)
     rt.finished = True
     return report
 

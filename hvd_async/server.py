@@ -17,11 +17,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 logger = logging.getLogger(__name__)
 
 TAG_DONE = 7001  # worker -> every server: this worker has finished
+# A worker's close message can arrive after its TAG_DONE when no collective free orders them (after
+# --worker-timeout dropped a worker): how long the server goes on polling before it calls a window
+# transport that is still open an error.
+CLOSE_GRACE_SECONDS = 10.0
 
 _pollers: List[Callable[[], None]] = []
 
@@ -39,6 +43,7 @@ class ServerReport:
     loop_turns: int = 0
     wall_seconds: float = 0.0
     shards: List = field(default_factory=list)  # ShardStats of every transport this rank hosted
+    dropped: List[int] = field(default_factory=list)  # workers the job went on without (--worker-timeout)
 
 
 def _open_shard(ctrl, win_comm, source: int):
@@ -55,8 +60,9 @@ def _open_shard(ctrl, win_comm, source: int):
 
 
 def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
-        win_comm=None) -> ServerReport:
-    """Serve until every world rank in ``workers`` has sent ``TAG_DONE`` on communicator ``ctrl``."""
+        win_comm=None, worker_timeout: Optional[float] = None) -> ServerReport:
+    """Serve until every world rank in ``workers`` has sent ``TAG_DONE`` on communicator ``ctrl``
+    (or was dropped by the workers for making no progress: ``worker_timeout``)."""
     from mpi4py import MPI
 
     from .transport.window import TAG_OPEN
@@ -67,6 +73,7 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
     hosts = []
     status = MPI.Status()
     last_activity = time.perf_counter()
+    all_done_at = None  # when the last worker said it was done
     while waiting or hosts:
         report.loop_turns += 1
         for poller in _pollers:
@@ -74,6 +81,9 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
         busy = False
         for host in list(hosts):
             busy = host.poll() > 0 or host.moved() or busy
+            for worker in host.dropped - set(report.dropped):
+                report.dropped.append(worker)
+                waiting.discard(host.spec.servers + worker)
             if host.all_closed:
                 stats = host.close()
                 hosts.remove(host)
@@ -86,17 +96,20 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
             source, tag = status.Get_source(), status.Get_tag()
             if tag == TAG_OPEN:
                 hosts.append(_open_shard(ctrl, win_comm, source))
+                hosts[-1].worker_timeout = worker_timeout
             elif tag == TAG_DONE:
                 ctrl.recv(source=source, tag=TAG_DONE)
                 waiting.discard(source)
                 report.workers_done.append(source)
                 logger.info("worker at world rank %d finished; %d still running", source, len(waiting))
                 if not waiting and hosts:
-                    raise RuntimeError("every worker finished but a window transport is still open; "
-                                       "workers must close() their optimizers (shutdown does it)")
+                    all_done_at = time.perf_counter()  # their close messages may still be on the way
             else:
                 raise RuntimeError(f"server: unexpected control message tag {tag} from rank {source}")
         now = time.perf_counter()
+        if hosts and not waiting and all_done_at is not None and now - all_done_at > CLOSE_GRACE_SECONDS:
+            raise RuntimeError("every worker finished but a window transport is still open; "
+                               "workers must close() their optimizers (shutdown does it)")
         if busy:
             last_activity = now
         if now - last_activity < spin_seconds:

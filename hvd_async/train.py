@@ -5,6 +5,7 @@ ranks serve; workers train on their shard of the data, evaluate the model on the
 after each epoch, and the first worker prints the result, writes TensorBoard scalars (``--logdir``)
 and the metrics JSON (``--metrics-out``).
 """
+import logging
 import os
 import sys
 import time
@@ -14,10 +15,19 @@ import numpy as np
 
 from .config import ConfigError
 
+logger = logging.getLogger(__name__)
+NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite streak every so many steps
+
+
+class TrainingStopped(RuntimeError):
+    """Raised alike on every worker when the job must stop (e.g. a streak of non-finite gradients)."""
 
 
 def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """One line to stderr in one write: mpirun interleaves ranks' writes, and print() writes the text
+    and the newline apart (unbuffered), so two ranks' lines could come out joined."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
 
 
 def _threads_per_rank(world_size: int) -> int:
@@ -41,196 +51,444 @@ class _Pacer:
             time.sleep(delay)
 
 
-def _evaluate(model, dataset, rank: int, size: int, comm) -> float:
-    """Accuracy over the whole test split, each worker taking every size-th sample."""
+class _Watchdog:
+    """``--worker-timeout``: ends the job (exit status 5) when this worker's loop has not moved for
+    ``2 x timeout + 5`` seconds, i.e. it sits in a collective that another worker never joins (the
+    rendezvous before each epoch end names such a worker first; this catches the collectives after
+    it). The workers still running then find out, through their own communicator, which did not."""
+
+    def __init__(self, timeout: float, comm, live):
+        import threading
+
+        self.timeout, self.limit = timeout, 2.0 * timeout + 5.0
+        self.comm, self.live = comm.Dup(), live
+        self.last = time.monotonic()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hvd-async-watchdog", daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _run(self) -> None:
+        from mpi4py import MPI
+
+        from .jobstate import rendezvous
+
+        while not self.stopped.wait(0.5):
+            waited = time.monotonic() - self.last
+            if waited > self.limit:
+                missing = rendezvous(self.comm, self.timeout)
+                here = [r for r in range(self.comm.size) if r not in missing]
+                if self.comm.rank == min(here):
+                    gone = ", ".join(str(self.live[r]) for r in missing) or "none (?)"
+                    _say(f"hvd_async.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
+                         f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
+                         f"that cannot go on without them; stopping the job, exit status 5")
+                _abort_after(MPI.COMM_WORLD, 0.5 if self.comm.rank == min(here) else 3.0, 5)
+
+
+class _Counters:
+    """One worker's running counts; a checkpoint holds them, so a resumed epoch reports as a whole one."""
+
+    def __init__(self):
+        self.steps = self.samples = self.streak = self.skipped_seen = 0
+        self.train_seconds = self.wait_total = self.last_work = 0.0
+        self.new_epoch()
+
+    def new_epoch(self) -> None:
+        self.epoch_steps = self.epoch_samples = 0
+        self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
+
+
+def _device(name: str, ha):
+    """``--device``: the CPU, or this worker's GPU (local rank modulo the GPUs visible)."""
     import torch
-    from torch.utils.data import DataLoader, Subset
 
-    model.eval()
-    correct = total = 0
-    with torch.no_grad():
-        for x, y in DataLoader(Subset(dataset, range(rank, len(dataset), size)), batch_size=512):
-            correct += int((model(x).argmax(1) == y).sum())
-            total += len(y)
-    model.train()
-    correct, total = comm.allreduce(np.array([correct, total], dtype=np.int64))
-    return int(correct) / max(1, int(total))
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this process sees no CUDA device (torch.cuda.is_available() is "
+                          "False); use --device cpu, or check the GPUs and CUDA_VISIBLE_DEVICES")
+    index = ha.local_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
-def _endless(loader):
-    while True:
-        yield from loader
+class _Job:
+    """One worker's side of the training job: what it builds, its epoch loop and its reports.
 
+    The loop (:meth:`run`): train until this worker has a reason to stop (:meth:`_train`), let
+    ``--worker-timeout`` name a worker that never came (:meth:`_drop_stalled`), ``synchronize()``,
+    agree on why the workers stopped (:meth:`_agree`), then stop on non-finite gradients, report the
+    epoch (:meth:`_end_epoch`) and write a checkpoint when one is due (:meth:`_checkpoint_due`).
+    """
 
-def _staleness_counts(stats: dict, comm) -> np.ndarray:
-    """All workers' staleness histograms summed (count of pushes by staleness 0, 1, ...)."""
-    mine = np.asarray(stats.get("staleness_hist", [0]), dtype=np.int64)
-    counts = comm.allreduce(mine)
-    nonzero = np.nonzero(counts)[0]
-    return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
+    def __init__(self, args):
+        import horovod.torch as hvd
+        import torch
 
+        import hvd_async as ha
+        from . import data, models
+        from .config import algorithm_options
+        from .jobstate import JobCheckpoints, WorkerBatches, parse_every
+        from .metrics import RunMetrics
 
-def train_worker(args) -> dict:
-    """One worker's training loop; returns the metrics record (complete on worker 0)."""
-    import torch
-    import torch.nn.functional as F
-    from mpi4py import MPI
-    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+        self.args = args
+        rank, workers = self.rank, self.workers = ha.rank(), ha.size()
+        self.comm = ha.worker_comm()
+        self.reporter = rank == 0
+        torch.set_num_threads(_threads_per_rank(ha.world_size()))
+        torch.manual_seed(args.seed)
+        self.splits = splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed,
+                                                 image_size=args.image_size)
+        self.model = model = models.build_model(args.model, splits.input_shape, splits.num_classes)
+        self.device = _device(args.device, ha)
+        model.to(self.device)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.opt = ha.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                            weight_decay=args.weight_decay),
+            named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
+        self.uses_servers = ha.num_servers() > 0
+        self.source = WorkerBatches(len(splits.train), args.batch_size, rank=rank, workers=workers, seed=args.seed,
+                                    strategy=self.opt.strategy, servers=self.uses_servers,
+                                    fetch_add=(self.opt.strategy.transport.fetch_add_cursor
+                                               if args.algo == "dbs-asgd" else None))
+        self.steps_per_epoch = (-(-self.source.global_steps // workers) if self.uses_servers
+                                else self.source.batches.per_epoch)  # for the bar
+        self.pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
+        self.metrics = RunMetrics({
+            "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
+            "servers": ha.num_servers(), "dataset": args.dataset, "model": args.model,
+            "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+            "compute_ms": args.compute_ms, "stragglers": {str(k): v for k, v in args.stragglers.items()},
+        }, logdir=args.logdir, reporter=self.reporter)
+        self.bar = None
+        if self.reporter and (args.progress == "bar" or (args.progress == "auto" and (
+                sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1"))):
+            from tqdm import tqdm
 
-    import hvd_async as ha
-    from . import data, models
-    from .transport.window import staleness_summary
-    from .config import algorithm_options
-    from .metrics import RunMetrics
+            self.bar = tqdm(total=args.epochs * self.steps_per_epoch, desc=f"{args.algo} x{workers}", unit="step",
+                            file=sys.stderr, dynamic_ncols=True)
+        self.acc = _Counters()  # this worker's counters (a checkpoint holds them)
+        self.job = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [], "next_checkpoint": None}
+        self.saver = None
+        if args.checkpoint_dir:
+            self.saver = JobCheckpoints(args.checkpoint_dir, keep=args.keep_checkpoints, comm=self.comm, meta={
+                "algorithm": args.algo, "workers": workers, "servers": ha.num_servers(), "dataset": args.dataset,
+                "model": args.model, "batch_size": args.batch_size, "seed": args.seed,
+                "parameters": {name: list(p.shape) for name, p in model.named_parameters()}})
+        self.every, self.unit = parse_every(args.checkpoint_every)
+        self.job["next_checkpoint"] = self.every
+        if args.resume:
+            self._resume()
+        self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
+        self.live, self.dropped = list(range(workers)), []  # worker numbers still in ``comm``; those gone
+        self.watchdog = _Watchdog(args.worker_timeout, self.comm, list(self.live)) if args.worker_timeout else None
+        self.beat = self.watchdog.beat if self.watchdog else (lambda: None)
+        self.loss_sum = torch.zeros(())
+        self.blocked_before = self.opt.stats().get("exchange_wait_seconds")
+        self.stats, self.train_loss, self.batch_sizes = {}, None, None  # the last epoch's, for the record
 
-    rank, workers, comm = ha.rank(), ha.size(), ha.worker_comm()
-    reporter = rank == 0
-    torch.set_num_threads(_threads_per_rank(ha.world_size()))
-    torch.manual_seed(args.seed)
-    splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed, image_size=args.image_size)
-    model = models.build_model(args.model, splits.input_shape, splits.num_classes)
-    import horovod.torch as hvd
+    def _count(self) -> int:
+        """What ``--checkpoint-every N steps`` counts: the servers' updates, or this worker's steps."""
+        return self.opt.progress() if self.uses_servers else self.acc.steps
 
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = ha.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                        weight_decay=args.weight_decay),
-        named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
-    uses_servers = ha.num_servers() > 0
-    global_steps = -(-len(splits.train) // args.batch_size)  # batches in one pass over the data
-    if uses_servers:
-        # No barrier inside an epoch: each worker draws its own random batches for as long as it
-        # takes all workers together to push one epoch's worth (fast workers push more of them).
-        sampler = RandomSampler(splits.train, generator=torch.Generator().manual_seed(
-            args.seed * 1000 + rank + 1))
-        steps_per_epoch = -(-global_steps // workers)  # an estimate, for the progress bar
-    else:
-        sampler = DistributedSampler(splits.train, num_replicas=workers, rank=rank, shuffle=True,
-                                     seed=args.seed)
-    loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
-    if not uses_servers:
-        steps_per_epoch = len(loader)
-    batches = _endless(loader)
-    shared = None  # dbs-asgd: batches of the size the strategy says, each sample once per epoch
-    if args.algo == "dbs-asgd":
+    def _resume(self) -> None:
+        from . import checkpoint
+
+        path, part, saved_job = self.saver.restore()
+        self.model.load_state_dict(part["model"])
+        self.opt.load_state_dict(part["optimizer"])
+        self.source.batches.load_state_dict(part["batches"])
+        checkpoint.set_rng_state(part["rng"])
+        self.acc.__dict__.update(part["counters"])
+        self.pacer.last_work = self.acc.last_work
+        self.source.drawn = part["drawn"]
+        self.source.last_epoch = part.get("last_epoch")
+        job = self.job = (saved_job if self.reporter else
+                          {"epoch": saved_job["epoch"], "next_checkpoint": saved_job["next_checkpoint"]})
+        if self.reporter:
+            self.metrics.history[:] = job["history"]
+            self.metrics.start -= job["elapsed"]
+            _say(f"resumed from {path}: epoch {job['epoch']}, {self.opt.progress()} updates so far")
+        job["next_checkpoint"] = (self._count() // self.every + 1) * self.every
+        if job["epoch"] > self.args.epochs:
+            raise ConfigError(f"--resume: checkpoint {path} has finished {job['epoch'] - 1} epoch(s) and "
+                              f"--epochs is {self.args.epochs}: give a larger --epochs to train on")
+        if self.bar is not None:
+            self.bar.update(min(self.bar.total, (job["epoch"] - 1) * self.steps_per_epoch + self.acc.epoch_steps))
+
+    def save_checkpoint(self, progress: int) -> str:
+        """Collective: every worker's part and worker 0's job record, after opt.synchronize()."""
+        from . import checkpoint
+
+        self.acc.last_work = self.pacer.last_work
+        part = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
+                "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
+                "last_epoch": self.source.last_epoch}
+        if self.reporter:
+            self.job.update(history=self.metrics.history, elapsed=self.metrics.elapsed(),
+                            staleness_seen=self.staleness_seen.tolist())
+        return self.saver.save(progress, part, self.job if self.reporter else None)
+
+    def _next_batch(self, epoch: int):
+        """The next (x, y) of this epoch, or None when the epoch is over for this worker."""
         from torch.utils.data import default_collate
 
-        from .sampling import SharedCursorBatches
+        indices = self.source.next(epoch)
+        if indices is None:
+            return None
+        x, y = default_collate([self.splits.train[i] for i in indices])
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-        shared = SharedCursorBatches(len(splits.train), seed=args.seed,
-                                     fetch_add=opt.strategy.transport.fetch_add_cursor)
-        drawn = None  # (epoch index, sample indices) drawn but not trained on yet
-    pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
-    metrics = RunMetrics({
-        "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
-        "servers": ha.num_servers(), "dataset": args.dataset, "model": args.model,
-        "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-        "compute_ms": args.compute_ms, "stragglers": {str(k): v for k, v in args.stragglers.items()},
-    }, logdir=args.logdir, reporter=reporter)
+    def _pause_reason(self):
+        """Why this worker leaves its loop before the epoch ends ("checkpoint", "nonfinite") or None.
 
-    bar = None
-    if reporter and (args.progress == "bar" or (args.progress == "auto" and (
-            sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1"))):
-        from tqdm import tqdm
+        With parameter servers each worker decides alone (the others join at their own pause or epoch
+        end: nobody waits inside an epoch); synchronous algorithms decide at the same steps, together.
+        """
+        from mpi4py import MPI
 
-        bar = tqdm(total=args.epochs * steps_per_epoch, desc=f"{args.algo} x{workers}", unit="step",
-                   file=sys.stderr, dynamic_ncols=True)
-    steps = samples = 0
-    train_seconds = wait_total = 0.0
-    loss_sum = torch.zeros(())
-    staleness_seen = np.zeros(0, dtype=np.int64)
-    for epoch in range(1, args.epochs + 1):
-        if not uses_servers:
-            sampler.set_epoch(epoch)
-        epoch_start, epoch_samples, epoch_steps, wait, compute = time.perf_counter(), 0, 0, 0.0, 0.0
-        blocked_before = opt.stats().get("exchange_wait_seconds")
-        loss_sum.zero_()
-        while True:
-            if shared is not None:
-                drawn = drawn or shared.draw(opt.strategy.batch_size)
-                if drawn[0] >= epoch:  # the shared sequence has moved on to the next epoch
-                    break
-                x, y = default_collate([splits.train[i] for i in drawn[1]])
-                drawn = None
-            elif (opt.progress() < epoch * global_steps) if uses_servers else (epoch_steps < len(loader)):
-                x, y = next(batches)
-            else:
+        args, acc, limit = self.args, self.acc, self.args.max_nonfinite
+        due = bool(args.checkpoint_dir) and self.unit == "steps" and self._count() >= self.job["next_checkpoint"]
+        if self.uses_servers:
+            if limit and acc.streak >= limit:
+                return "nonfinite"
+            return "checkpoint" if due else None
+        reason = "checkpoint" if due else None
+        if limit and acc.steps % NONFINITE_CHECK_EVERY == 0 and self.comm.allreduce(int(acc.streak >= limit),
+                                                                                     op=MPI.MAX):
+            reason = "nonfinite"
+        return reason
+
+    def _train(self, epoch: int) -> str:
+        """Train until this worker has a reason to leave its loop: "end" of the epoch, "checkpoint"
+        or "nonfinite"."""
+        import torch
+        import torch.nn.functional as F
+
+        acc, opt, bar = self.acc, self.opt, self.bar
+        segment_start = time.perf_counter()
+        self.loss_sum.fill_(acc.loss_sum)
+        reason = None
+        while reason is None:
+            batch = self._next_batch(epoch)
+            if batch is None:
+                reason = "end"
                 break
-            pacer.before_step(len(y) / args.batch_size)
+            x, y = batch
+            self.pacer.before_step(len(y) / self.args.batch_size)
             t0 = time.perf_counter()
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(self.model(x), y)
             opt.zero_grad()
             loss.backward()
             t1 = time.perf_counter()
             opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
             t2 = time.perf_counter()
-            pacer.last_work = t1 - t0
-            compute += t1 - t0
-            wait += t2 - t1
-            loss_sum += loss.detach()
-            steps += 1
-            epoch_steps += 1
-            epoch_samples += len(y)
+            self.pacer.last_work = t1 - t0
+            acc.epoch_compute += t1 - t0
+            acc.epoch_wait += t2 - t1
+            if bool(torch.isfinite(loss)):
+                self.loss_sum += loss.detach()
+            acc.steps += 1
+            acc.epoch_steps += 1
+            acc.epoch_samples += len(y)
+            skipped = getattr(opt.strategy, "skipped_nonfinite", 0)
+            acc.streak = acc.streak + 1 if skipped > acc.skipped_seen else 0
+            acc.skipped_seen = skipped
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch, refresh=False)
-        epoch_seconds = time.perf_counter() - epoch_start
-        train_seconds += epoch_seconds
-        samples += epoch_samples
-        if args.algo != "ssgd":  # (ssgd has nothing in flight after step(); its synchronize reduces again)
-            # first thing after the loop: finish the exchange in flight; the parameter-server
-            # algorithms tell the servers this worker stopped pushing (softsync must not wait for
-            # its gradients); then every worker holds the global weights to evaluate
-            opt.synchronize()
-        stats = opt.stats()
-        timing = {"compute_ms_per_step": 1000.0 * compute / max(1, epoch_steps)}
-        if blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
+            reason = self._pause_reason()
+            self.beat()
+        acc.epoch_seconds += time.perf_counter() - segment_start
+        acc.loss_sum = float(self.loss_sum)
+        return reason
+
+    def _drop_stalled(self) -> None:
+        """``--worker-timeout``: name a worker that stopped making progress instead of hanging on it;
+        parameter-server jobs go on without it, the others stop (:class:`WorkerStalled`)."""
+        from .jobstate import WorkerStalled, rendezvous
+
+        args = self.args
+        missing = rendezvous(self.comm, args.worker_timeout)
+        if not missing:
+            return
+        gone = [self.live[r] for r in missing]
+        drop = getattr(self.opt.strategy.transport, "drop_workers", None)
+        if drop is None or 0 in gone:
+            stalled = WorkerStalled(gone, args.worker_timeout, "stopping the job" + (
+                "" if drop is None else " (worker 0 writes the reports)"))
+            stalled.printer = self.live[self.rank] == min(w for w in self.live if w not in gone)
+            raise stalled
+        self.comm = self.comm.Create_group(self.comm.Get_group().Excl(missing))
+        self.live = [w for w in self.live if w not in gone]
+        self.rank, self.workers = self.comm.rank, self.comm.size
+        drop(gone, self.comm, tell_servers=self.rank == 0)
+        if self.saver is not None:
+            self.saver.comm = self.comm
+        self.dropped.extend(gone)
+        if self.reporter:
+            _say(f"worker(s) {', '.join(map(str, gone))} made no progress for {args.worker_timeout:g} s "
+                 f"(--worker-timeout): going on with {self.workers} worker(s)")
+
+    def _agree(self, reason: str):
+        """The workers left their loops for their own reasons (asynchronous ones see progress at
+        different times): from here on they agree. Returns (ended, pause, nonfinite, progress)."""
+        from mpi4py import MPI
+
+        flags = np.array([reason == "end", reason == "checkpoint", reason == "nonfinite"], dtype=np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+        ended, pause, nonfinite = (bool(flag) for flag in flags)
+        return ended, pause, nonfinite, self.comm.allreduce(self.opt.progress(), op=MPI.MAX)
+
+    def _stop_nonfinite(self, progress: int) -> None:
+        args = self.args
+        where = self.save_checkpoint(progress) if self.saver else None
+        raise TrainingStopped(
+            f"stopped: {args.max_nonfinite} gradients in a row held NaN or infinity on a worker "
+            f"(--max-nonfinite {args.max_nonfinite}); none was applied; "
+            + (f"the last good state is in {where}" if where else
+               "no checkpoint was written (give --checkpoint-dir to keep one)")
+            + "; lower --lr or check the data, then --resume")
+
+    def _end_epoch(self, epoch: int) -> None:
+        """Collective: evaluate, reduce the epoch's figures; worker 0 records and prints them."""
+        from .metrics import evaluate_accuracy, pooled_staleness
+
+        acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
+        steps = max(1, acc.epoch_steps)
+        acc.samples += acc.epoch_samples
+        acc.train_seconds += acc.epoch_seconds
+        acc.wait_total += acc.epoch_wait
+        stats = self.stats = opt.stats()
+        timing = {}
+        if self.blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
             timing["exchange_blocked_ms_per_step"] = comm.allreduce(
-                1000.0 * (stats["exchange_wait_seconds"] - blocked_before) / max(1, epoch_steps)) / workers
-        train_loss = comm.allreduce(float(loss_sum) / max(1, epoch_steps)) / workers
-        rates = comm.gather(epoch_samples / epoch_seconds, root=0)
-        accuracy = _evaluate(model, splits.test, rank, workers, comm)
-        if hasattr(opt.strategy, "resume_local"):  # easgd evaluated the centre; train on its own weights
-            opt.strategy.resume_local()
-        wait_ms = 1000.0 * wait / max(1, epoch_steps)
-        wait_total += wait
-        staleness = _staleness_counts(stats, comm)
-        timing["compute_ms_per_step"] = comm.allreduce(timing["compute_ms_per_step"]) / workers
-        batch_sizes = comm.gather(stats.get("batch_size", args.batch_size), root=0)
-        if reporter:
-            entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
-                                  worker_samples_per_second=rates, exchange_wait_ms=wait_ms, timing=timing)
-            if shared is not None:
-                entry["batch_sizes"] = batch_sizes
-                for worker, size in enumerate(batch_sizes):
-                    metrics.scalar(f"batch_size/worker_{worker}", size, epoch)
-            if staleness.sum() > staleness_seen.sum():
-                metrics.staleness_histogram(staleness, staleness_seen, epoch)
-            staleness_seen = staleness
-            line = (f"epoch {epoch}/{args.epochs}  train loss {train_loss:.4f}  test accuracy "
-                    f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s")
-            if bar is not None:
-                bar.write(line)
-            else:
-                _say(line)
-    if bar is not None:
-        bar.close()
-    total_samples = comm.allreduce(samples)
-    total_steps = comm.allreduce(steps)
-    train_seconds = comm.allreduce(train_seconds, op=MPI.MAX)
-    opt.close()
-    staleness_mean, staleness_max = staleness_summary(staleness_seen)
-    final_accuracy = metrics.history[-1]["test_accuracy"] if reporter else None
-    return metrics.finish(
-        args.metrics_out, steps=steps, final_test_accuracy=final_accuracy, final_train_loss=train_loss,
-        wall_seconds=round(metrics.elapsed(), 4), train_seconds=round(train_seconds, 4), samples=total_samples,
-        samples_per_second=total_samples / max(train_seconds, 1e-9),
-        step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
-        exchange_blocked_ms_mean=(1000.0 * comm.allreduce(stats["exchange_wait_seconds"]) / max(1, total_steps)
-                                  if "exchange_wait_seconds" in stats else None),
-        staleness_mean=staleness_mean, staleness_max=staleness_max,
-        staleness_hist=staleness_seen.tolist(), batch_sizes=batch_sizes,
-        server_ms_per_push=stats.get("server_ms_per_push"), updates=opt.progress() if uses_servers else steps * workers)
+                1000.0 * (stats["exchange_wait_seconds"] - self.blocked_before) / steps) / workers
+        worker_loss = float(self.loss_sum) / steps
+        self.train_loss = comm.allreduce(worker_loss) / workers
+        losses = comm.gather(worker_loss, root=0)
+        rates = comm.gather(acc.epoch_samples / acc.epoch_seconds, root=0)
+        self.beat()
+        accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm, self.device)
+        self.beat()
+        waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
+        staleness = pooled_staleness(stats, comm)
+        timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
+        self.batch_sizes = comm.gather(stats.get("batch_size", self.args.batch_size), root=0)
+        if self.reporter:
+            self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds)
+        self.staleness_seen = staleness
+        self.blocked_before = stats.get("exchange_wait_seconds")
+        acc.new_epoch()
+        self.loss_sum.zero_()
+
+    def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds) -> None:
+        metrics, args = self.metrics, self.args
+        entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=self.train_loss,
+                              worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / self.workers,
+                              timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
+        if self.source.shared is not None:
+            entry["batch_sizes"] = self.batch_sizes
+            metrics.per_worker("batch_size", self.batch_sizes, epoch)
+        if self.uses_servers:  # apply rate, server time per push, compensation norms (dc-asgd, lc-asgd)
+            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats))
+        if staleness.sum() > self.staleness_seen.sum():
+            metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
+        line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  test accuracy "
+                f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s")
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            _say(line)
+
+    def _checkpoint_due(self, ended: bool, pause: bool, epoch: int, progress: int) -> bool:
+        """After the agreement (``epoch``: the next one to train): whether to save now."""
+        if self.saver is None:
+            return False
+        every, unit, count = self.every, self.unit, progress if self.uses_servers else self.acc.steps
+        due = (pause or (ended and epoch > self.args.epochs)
+               or (unit == "epochs" and ended and (epoch - 1) % every == 0)
+               or (unit == "steps" and count >= self.job["next_checkpoint"]))
+        if due:
+            self.job["next_checkpoint"] = (count // every + 1) * every if unit == "steps" else None
+        return due
+
+    def run(self) -> dict:
+        """The epochs; returns the metrics record (complete on worker 0)."""
+        args, opt = self.args, self.opt
+        epoch = self.job["epoch"]
+        while epoch <= args.epochs:
+            reason = self._train(epoch)
+            if args.worker_timeout:
+                self._drop_stalled()
+            self.beat()
+            if args.algo != "ssgd":  # (ssgd has nothing in flight after step(); its synchronize reduces again)
+                # first thing after the loop: finish the exchange in flight; the parameter-server
+                # algorithms tell the servers this worker stopped pushing (softsync must not wait for
+                # its gradients); then every worker holds the global weights to evaluate
+                opt.synchronize()
+            ended, pause, nonfinite, progress = self._agree(reason)
+            self.beat()
+            if nonfinite:
+                self._stop_nonfinite(progress)
+            if ended:
+                self._end_epoch(epoch)
+                epoch += 1
+                self.job["epoch"] = epoch
+            if self._checkpoint_due(ended, pause, epoch, progress):
+                self.beat()
+                path = self.save_checkpoint(progress)
+                self.beat()
+                if self.reporter:
+                    logger.info("checkpoint %s written", path)
+            if hasattr(opt.strategy, "resume_local"):  # easgd evaluated the centre; train on its own weights
+                opt.strategy.resume_local()
+        return self._finish()
+
+    def _finish(self) -> dict:
+        from mpi4py import MPI
+
+        from .transport.window import staleness_summary
+
+        if self.bar is not None:
+            self.bar.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
+        steps = acc.steps
+        total_samples = comm.allreduce(acc.samples)
+        total_steps = comm.allreduce(steps)
+        train_seconds = comm.allreduce(acc.train_seconds, op=MPI.MAX)
+        opt.close()
+        staleness_mean, staleness_max = staleness_summary(self.staleness_seen)
+        metrics = self.metrics
+        final_accuracy = metrics.history[-1]["test_accuracy"] if self.reporter else None
+        return metrics.finish(
+            self.args.metrics_out, steps=steps, final_test_accuracy=final_accuracy,
+            final_train_loss=self.train_loss, wall_seconds=round(metrics.elapsed(), 4),
+            train_seconds=round(train_seconds, 4), samples=total_samples,
+            samples_per_second=total_samples / max(train_seconds, 1e-9),
+            step_wait_ms_mean=1000.0 * acc.wait_total / max(1, steps),
+            exchange_blocked_ms_mean=(1000.0 * comm.allreduce(stats["exchange_wait_seconds"]) / max(1, total_steps)
+                                      if "exchange_wait_seconds" in stats else None),
+            staleness_mean=staleness_mean, staleness_max=staleness_max,
+            staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,
+            dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
+            updates=opt.progress() if self.uses_servers else steps * self.workers,
+            **metrics.compensation(stats))
+
+
+def train_worker(args) -> dict:
+    """One worker's training loop; returns the metrics record (complete on worker 0)."""
+    return _Job(args).run()
 
 
 def main(argv=None) -> int:
@@ -252,42 +510,79 @@ def main(argv=None) -> int:
         return 2
 
     import hvd_async as ha
+    from .checkpoint import CheckpointError
     from .data import DataError
+    from .jobstate import WorkerStalled
     from .models import ModelError
 
+    if args.deterministic:  # before Horovod starts: a fused buffer's size (and so the reduction
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"  # algorithm MPI picks) depends on timing
+    if args.worker_timeout:  # Horovod names a rank missing from a collective, then gives up
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(args.worker_timeout))))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(2 * args.worker_timeout))))
     ha.init(servers=args.servers)
     if ha.is_server():
         import torch
 
         torch.set_num_threads(_threads_per_rank(world.size))  # the rules' tensor math, on shared cores
-        report = ha.serve()
-        for shard in report.shards:
+        report = ha.serve(worker_timeout=args.worker_timeout)
+        for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
             _say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
                  f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
                  f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
                  f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
+        if report.dropped:
+            _say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
+                 f"which made no progress for {args.worker_timeout:g} s (--worker-timeout)")
+            _abort_after(world, 1.0 if world.rank == 0 else 30.0, 4)  # they never join MPI_Finalize
         return 0
+    from .metrics import print_result
+
+    record = None
     try:
         record = train_worker(args)
-    except (DataError, ModelError, ConfigError) as exc:  # raised alike on every worker
         if ha.rank() == 0:
+            print_result(args, record)
+    except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # raised alike on every worker
+        if ha.rank() == 0 or "is not a readable image" in str(exc):  # (that one: on the worker reading it)
             _say(f"hvd_async.train: error: {exc}")
         return 2
-    except Exception:  # one rank failed alone: take the job down rather than hang the others
+    except TrainingStopped as exc:  # raised alike on every worker; a restart would not help
+        if ha.rank() == 0:
+            _say(f"hvd_async.train: error: {exc}")
+        return 3
+    except WorkerStalled as exc:  # raised on every worker still running; the stalled one never returns
+        if exc.printer:
+            _say(f"hvd_async.train: error: {exc}")
+        _abort_after(world, 0.5 if exc.printer else 5.0, 5)
+    except Exception as exc:  # one rank failed alone: take the job down rather than hang the others
+        if args.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
+            _say(f"hvd_async.train: error: worker {ha.rank()}: a collective waited more than "
+                 f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
+                 f"names the missing ranks): {str(exc).splitlines()[0]}")
+            _abort_after(world, 0.5, 5)
         traceback.print_exc()
         sys.stderr.flush()
         world.Abort(1)
     finally:
+        if not (record and record["dropped_workers"]):
+            ha.shutdown()
+    if record["dropped_workers"]:  # results are out; the dropped workers never finish
+        if ha.rank() == 0:
+            _say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "
+                 f"(--worker-timeout); exit status 4")
         ha.shutdown()
-    if ha.rank() == 0:
-        print(f"result: {args.algo} on {args.dataset} ({args.model}), {record['workers']} worker(s), "
-              f"{args.epochs} epochs: test accuracy {record['final_test_accuracy']:.4f}, train loss "
-              f"{record['final_train_loss']:.4f}, {record['wall_seconds']:.1f} s, "
-              f"{record['samples_per_second']:.0f} samples/s", flush=True)
-        if args.metrics_out:
-            print(f"metrics written to {args.metrics_out}", flush=True)
+        _abort_after(world, 30.0, 4)  # the servers end the job once they have reported
     return 0
+
+
+def _abort_after(world, seconds: float, code: int) -> None:
+    """End the whole job with ``code`` (MPI_Abort), after giving the others ``seconds`` to report."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(seconds)
+    world.Abort(code)
 
 
 if __name__ == "__main__":

@@ -142,3 +142,15 @@ def test_job_with_resnet18_on_synthetic_images(tmp_path):
                         "--metrics-out", str(metrics)], timeout=300)
     assert result.returncode == 0, result.out[-4000:]
     assert json.loads(metrics.read_text())["model"] == "resnet18"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_device_cuda_without_a_gpu():
+    result = run(CLI + ["train", "--np", "2", "--device", "cuda", "--epochs", "1"], timeout=120)
+    assert result.returncode == 2, result.out[-3000:]
+    errors = [line for line in result.out.splitlines() if "error:" in line]
+    assert errors == ["hvd_async.train: error: --device cuda: this process sees no CUDA device "
+                      "(torch.cuda.is_available() is False); use --device cpu, or check the GPUs and "
+                      "CUDA_VISIBLE_DEVICES"], result.out[-3000:]
+    # the launcher drops mpirun's banner that repeats that a process exited with status 2
+    assert result.out.strip().splitlines() == errors, result.out[-3000:]

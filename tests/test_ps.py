@@ -86,7 +86,12 @@ def test_dbs_batch_sizes_follow_inverse_speed(tmp_path):
     expected = [128 * share / 2.75 for share in (1, 0.5, 0.25, 1)]
     for size, want in zip(record["batch_sizes"], expected):
         assert abs(size - want) <= 0.1 * want, (record["batch_sizes"], expected)
-    assert record["history"][0]["batch_sizes"] == [32, 32, 32, 32]  # nominal until the first re-measure
+    # Epoch 0 has about 45 batches: the fast workers 0 and 3 take about 16 of them, so each re-measures
+    # once (step 10), before either slow worker has reported a speed; those count at the mean of the
+    # known speeds, so the fast workers stay near the nominal 32 (counted as 0 they would get 64).
+    # The 4x slower worker 2 takes about 4 batches: it has not re-measured and holds the nominal 32.
+    first = record["history"][0]["batch_sizes"]
+    assert first[2] == 32 and all(abs(first[m] - 32) <= 8 for m in (0, 3)), first
     assert record["final_test_accuracy"] >= 0.90, record["history"]
     # one epoch is one pass over the 1437 training samples (the last batch may run past the end)
     assert 6 * 1437 <= record["samples"] < 6 * 1437 + 128, record["samples"]

@@ -51,6 +51,10 @@ class Strategy(abc.ABC):
         """What the server ranks run for this algorithm (parameter-server algorithms only)."""
         raise RuntimeError(f"algorithm {cls.name!r} uses no parameter server")
 
+    def clock(self) -> float:
+        """Seconds on the transport's clock, for speeds and waits (the simulator's: virtual time)."""
+        return self.transport.clock()
+
     def progress(self) -> int:
         """Updates made by all workers together so far."""
         return self.steps * self.transport.size

@@ -22,7 +22,6 @@ evaluation), as the paper's per-iteration time does; the first interval after co
 ``synchronize()`` is not measured (it holds set-up or evaluation); workers that have not
 reported yet count at the mean of those that have.
 """
-import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -84,11 +83,11 @@ class DBSASGD(ASGD):
         self.batch_size = options.batch_size
         self.speed = 0.0  # smoothed samples per second of compute
         self.share_history = []  # (step, batch size) at every change
-        self._since = time.perf_counter()
+        self._since = self.clock()
         self._skip_measure = True
 
     def _measure(self, used: int) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         elapsed, self._since = now - self._since, now
         if self._skip_measure:
             self._skip_measure = False
@@ -122,11 +121,23 @@ class DBSASGD(ASGD):
         loss = super().step(closure)
         if self.steps % self.options.every == 0:
             self._resize()
-        self._since = time.perf_counter()  # the exchange is not compute
+        self._since = self.clock()  # the exchange is not compute
         return loss
 
     def synchronize(self) -> None:
         super().synchronize()
+        self._skip_measure = True
+
+    def state_dict(self):
+        state = super().state_dict()
+        state.update(batch_size=self.batch_size, speed=self.speed,
+                     share_history=[list(change) for change in self.share_history])
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.batch_size, self.speed = int(state["batch_size"]), float(state["speed"])
+        self.share_history = [tuple(change) for change in state["share_history"]]
         self._skip_measure = True
 
     def stats(self) -> Dict:

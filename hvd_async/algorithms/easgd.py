@@ -49,7 +49,6 @@ explore more and costs fewer exchanges. If the centre lags the workers' accuracy
 """
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -60,7 +59,7 @@ from ..checks import is_int_at_least
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window as W
 from .base import Strategy
-from .ps import _AccumulateProgram, _FlatModel, local_step_if_finite
+from .ps import _AccumulateProgram, _FlatModel, load_server_state_dict, local_step_if_finite, server_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ class EASGD(Strategy):
 
     def _elastic_move(self) -> None:
         """``d = alpha * (w - c)``; ``w -= d``; ``c += d`` (see the module docstring for both forms)."""
-        start = time.perf_counter()
+        start = self.clock()
         t, sync = self.transport, self.options.synchronous
         t.pull(self.centre)
         if sync:
@@ -167,7 +166,7 @@ class EASGD(Strategy):
         else:
             self.hist[min(int(np.max(staleness)), W.HIST_BINS - 1)] += 1
         self.moves += 1
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
 
     def progress(self) -> int:
         """Local steps of all workers together: ``steps * workers`` in the synchronous form; in the
@@ -178,7 +177,7 @@ class EASGD(Strategy):
 
     def synchronize(self) -> None:
         """Collective over the workers: every worker's model holds the centre (see the module docstring)."""
-        start = time.perf_counter()
+        start = self.clock()
         self.transport.barrier()  # every move has landed (an accumulate completes before step() returns)
         if not self.holding_centre:
             self.model.store_params()
@@ -187,7 +186,7 @@ class EASGD(Strategy):
         self.transport.pull(self.model.flat)
         self.model.load_params()
         self.transport.barrier()  # nobody moves the centre before every worker has read it
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
 
     def stats(self) -> Dict:
         mean, largest = W.staleness_summary(self.hist)
@@ -196,14 +195,28 @@ class EASGD(Strategy):
                 "exchange_wait_seconds": self.wait_seconds, "skipped_nonfinite": self.skipped_nonfinite}
 
     def state_dict(self):
-        return {"steps": self.steps, "staleness_hist": self.hist.tolist(), "moves": self.moves,
-                "skipped_nonfinite": self.skipped_nonfinite}
+        """Counters, the worker's own weights (also while the model holds the centre) and, on worker
+        0, the centre on the servers: take it after ``synchronize()``."""
+        self.model.store_params()
+        own = self.local if self.holding_centre else self.model.flat
+        state = {"steps": self.steps, "staleness_hist": self.hist.tolist(), "moves": self.moves,
+                 "skipped_nonfinite": self.skipped_nonfinite, "local": own.clone(),
+                 "holding_centre": self.holding_centre}
+        state.update(server_state_dict(self.transport))
+        return state
 
     def load_state_dict(self, state):
+        """Collective over the workers (worker 0 restores the centre)."""
         self.steps = int(state["steps"])
         self.hist[:] = np.asarray(state["staleness_hist"], dtype=np.int64)
         self.moves = int(state["moves"])
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.local.copy_(state["local"])
+        self.holding_centre = bool(state["holding_centre"])
+        if not self.holding_centre:
+            self.model.flat.copy_(self.local)
+            self.model.load_params()
+        load_server_state_dict(self.transport, state)
 
     def close(self) -> None:
         self.transport.close()

@@ -44,7 +44,6 @@ spread grows (compare accuracy before and after ``synchronize()``), mix more oft
 """
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Dict
 
@@ -117,6 +116,15 @@ class _PullMixer:
     def weight(self) -> float:
         return 1.0
 
+    def state_dict(self) -> Dict:
+        with self.transport.own() as (x, s):
+            return {"window": x.clone(), "window_weight": float(s[0])}
+
+    def load_state_dict(self, state: Dict) -> None:
+        with self.transport.own() as (x, s):
+            x.copy_(state["window"])
+            s[0] = float(state["window_weight"])
+
 
 class _PushSumMixer:
     """push-sum: this worker's window holds ``(x_i, s_i)``; ``anchor`` is the model as last set from
@@ -175,6 +183,16 @@ class _PushSumMixer:
         """The push-sum weight as of this worker's last exchange."""
         return self.last_weight
 
+    def state_dict(self) -> Dict:
+        state = _PullMixer.state_dict(self)
+        state.update(anchor=self.anchor.clone(), sent_weight=self.sent_weight, last_weight=self.last_weight)
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        _PullMixer.load_state_dict(self, state)
+        self.anchor.copy_(state["anchor"])
+        self.sent_weight, self.last_weight = float(state["sent_weight"]), float(state["last_weight"])
+
 
 class Gossip(Strategy):
     """gossip: local steps with the wrapped optimizer, mixing with one peer every ``every`` steps.
@@ -229,10 +247,10 @@ class Gossip(Strategy):
         peer = self.peers.next()
         if peer is None:
             return
-        start = time.perf_counter()
+        start = self.clock()
         moved = self.mixer.mix_(self.model.flat, peer)
         self.model.load_params()
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
         self.bytes_moved += moved
         if moved:
             self.mixes += 1
@@ -241,11 +259,11 @@ class Gossip(Strategy):
 
     def synchronize(self) -> None:
         """Collective over the workers: every worker holds the exact mean model (see the module doc)."""
-        start = time.perf_counter()
+        start = self.clock()
         self.model.store_params()
         self.mixer.average_(self.model.flat)
         self.model.load_params()
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
 
     def stats(self) -> Dict:
         return {"staleness_mean": 0.0, "staleness_max": 0, "mixes": self.mixes, "mixes_held": self.held,
@@ -255,7 +273,7 @@ class Gossip(Strategy):
     def state_dict(self):
         return {"steps": self.steps, "mixes": self.mixes, "bytes_moved": self.bytes_moved,
                 "skipped_nonfinite": self.skipped_nonfinite, "peer_count": self.peers.count,
-                "peer_rng": self.peers.rng.bit_generator.state}
+                "peer_rng": self.peers.rng.bit_generator.state, "mixer": self.mixer.state_dict()}
 
     def load_state_dict(self, state):
         self.steps = int(state["steps"])
@@ -264,6 +282,9 @@ class Gossip(Strategy):
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.peers.count = int(state["peer_count"])
         self.peers.rng.bit_generator.state = state["peer_rng"]
+        self.transport.barrier()  # nobody reads a window that is still being restored
+        self.mixer.load_state_dict(state["mixer"])
+        self.transport.barrier()
 
     def close(self) -> None:
         self.transport.close()

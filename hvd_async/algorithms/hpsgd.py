@@ -53,7 +53,6 @@ Choices made here:
 import logging
 import math
 import numbers
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict
@@ -179,9 +178,9 @@ class HPSGD(Strategy):
             return 0.0
         handle, started = self._pending
         self._pending = None
-        begin = time.perf_counter()
+        begin = self.clock()
         average = self.transport.synchronize(handle)
-        waited = time.perf_counter() - begin
+        waited = self.clock() - begin
         self._global.add_(average, alpha=self.options.merge_rate)
         staleness = self._restarts - started
         self.exchanges += 1

@@ -40,7 +40,6 @@ Non-finite gradients are not exchanged (window: that worker sends none this iter
 gradient joins the pending global step; allreduce: it contributes zeros and is not counted in the
 mean) and skip the local step; ``stats()["skipped_nonfinite"]`` counts them.
 """
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
@@ -52,7 +51,8 @@ from ..rules import SGDRule
 from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
-from .ps import _FlatModel, _SoftSyncProgram, check_server_sgd, finite_grads, mailbox_snapshot, server_sgd_hyper
+from .ps import (_FlatModel, _SoftSyncProgram, _tensors_copy, check_server_sgd, finite_grads,
+                 load_server_state_dict, mailbox_snapshot, server_sgd_hyper, server_state_dict)
 
 EXCHANGES = ("window", "allreduce")
 
@@ -118,6 +118,21 @@ class _ServerExchange:
     def snapshot(self) -> None:
         mailbox_snapshot(self.transport, self.global_w)
 
+    def state_dict(self) -> Dict:
+        self._idle("state_dict")
+        state = {"pushes": self.pushes}
+        state.update(server_state_dict(self.transport))
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        self._idle("load_state_dict")
+        self.pushes = int(state["pushes"])
+        load_server_state_dict(self.transport, state)
+
+    def _idle(self, what: str) -> None:
+        if self.future is not None:
+            raise RuntimeError(f"od-sgd {what}() with an exchange in flight: call synchronize() first")
+
     def close(self) -> None:
         try:
             self.finish()
@@ -156,6 +171,14 @@ class _AllreduceExchange:
         h = self.hyper
         self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[W.H_LR], momentum=h[W.H_MOMENTUM],
                         weight_decay=h[W.H_WEIGHT_DECAY])
+
+    def state_dict(self) -> Dict:
+        if self.handle is not None:
+            raise RuntimeError("od-sgd state_dict() with an exchange in flight: call synchronize() first")
+        return {"sgd_state": _tensors_copy(self.sgd_state)}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.sgd_state = _tensors_copy(state["sgd_state"])
 
     def snapshot(self) -> None:
         pass  # every worker's global_w is already the global one
@@ -261,9 +284,9 @@ class ODSGD(Strategy):
         header = server_sgd_hyper(self.name, self.optimizer)
         if loss is not None:
             header[W.H_LOSS] = float(loss)
-        start = time.perf_counter()
+        start = self.clock()
         self.exchange.finish()  # w_g(t) is now in global_w
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
         self.exchange.start(grad, header)
         if finite:
             self.hist[0 if self.fresh else 1] += 1
@@ -281,9 +304,9 @@ class ODSGD(Strategy):
     def synchronize(self) -> None:
         """Collective over the workers: finish the exchange in flight, then every worker holds the
         latest global weights (the local correction is dropped) and nothing is pending."""
-        start = time.perf_counter()
+        start = self.clock()
         self.exchange.finish()
-        self.wait_seconds += time.perf_counter() - start
+        self.wait_seconds += self.clock() - start
         self.exchange.snapshot()
         with torch.no_grad():
             self.model.flat.copy_(self.global_w)
@@ -302,15 +325,22 @@ class ODSGD(Strategy):
                 "exchange_wait_seconds": self.wait_seconds}
 
     def state_dict(self):
+        """Counters, the local optimizer, the global weights and the exchange's state (the servers'
+        on worker 0): take it after ``synchronize()``."""
         return {"steps": self.steps, "staleness_hist": self.hist.tolist(),
                 "skipped_nonfinite": self.skipped_nonfinite,
-                "local_optimizer": self.local_optimizer.state_dict()}
+                "local_optimizer": self.local_optimizer.state_dict(), "global_w": self.global_w.clone(),
+                "fresh": self.fresh, "exchange": self.exchange.state_dict()}
 
     def load_state_dict(self, state):
+        """Collective over the workers."""
         self.steps = int(state["steps"])
         self.hist[:] = np.asarray(state["staleness_hist"], dtype=np.int64)
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.local_optimizer.load_state_dict(state["local_optimizer"])
+        self.global_w.copy_(state["global_w"])
+        self.fresh = bool(state["fresh"])
+        self.exchange.load_state_dict(state["exchange"])
 
     def close(self) -> None:
         self.exchange.close()

@@ -23,7 +23,10 @@ Where optimizer state lives:
 Gradients holding NaN or infinity are never pushed: the worker skips the exchange, counts the step
 in ``stats()["skipped_nonfinite"]`` and logs it; the servers check again before applying.
 """
+import inspect
 import logging
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -32,6 +35,7 @@ import torch
 
 from ..checks import is_int_at_least
 from ..rules import DCRule, LCRule, SGDRule, staleness_scaled_mean_
+from ..rules.loss_prediction import PREDICTORS
 from ..transport import window as W
 from .base import Strategy
 
@@ -132,15 +136,38 @@ def check_server_sgd(algorithm: str, optimizer) -> None:
     server_sgd_hyper(algorithm, optimizer)
 
 
-def mailbox_snapshot(transport, flat: torch.Tensor) -> None:
+def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
     """Collective over the workers of a mailbox transport: everyone receives the global weights.
 
     Each worker first tells the servers it is idle (so a synchronous rule does not wait for its
-    gradient), then receives a snapshot (which also becomes its dc-asgd backup), then resumes."""
+    gradient), then receives a snapshot (which also becomes its dc-asgd backup), calls
+    ``while_idle()`` if given (no worker pushes meanwhile), then resumes."""
     transport.request_async(W.KIND_IDLE).wait()
     transport.barrier()
     transport.request_async(W.KIND_PULL, out=flat).wait()
+    if while_idle is not None:
+        while_idle()
     transport.request_async(W.KIND_RESUME).wait()
+    transport.barrier()
+
+
+def server_state_dict(transport) -> Dict:
+    """The window transport's part of a state_dict: this worker's counters and, on worker 0, every
+    server shard (weights, versions, the rule's buffers); exact when taken after ``synchronize()``."""
+    state = {"servers": transport.server_state()} if transport.rank == 0 else {}
+    state["transport"] = transport.local_state()  # after server_state() sent the staleness counts due
+    return state
+
+
+def load_server_state_dict(transport, state: Dict) -> None:
+    """Put back :func:`server_state_dict`'s part; collective over the workers (worker 0 restores the
+    servers, and nobody pushes before they are restored)."""
+    transport.load_local_state(state["transport"])
+    if transport.rank == 0:
+        if "servers" not in state:
+            raise ValueError("this state_dict holds no server state (it was taken on a worker other than "
+                             "0): load worker 0's state_dict on worker 0")
+        transport.load_server_state(state["servers"])
     transport.barrier()
 
 
@@ -161,6 +188,7 @@ class DCASGDOptions:
     ms_momentum: float = 0.95
 
     def __post_init__(self):
+        _check_dc_numbers(self.lam, self.ms_momentum)
         DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
@@ -180,7 +208,35 @@ class LCASGDOptions:
     min_history: int = 4
 
     def __post_init__(self):
+        _check_dc_numbers(self.lam, self.ms_momentum)
+        if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
+            accepted = _predictor_keywords(self.predictor)
+            unknown = sorted(set(self.predictor_options) - set(accepted) - {"floor", "min_history"})
+            if unknown:
+                raise ValueError(f"predictor_options {', '.join(map(repr, unknown))} unknown to the "
+                                 f"{self.predictor!r} predictor; accepted: {', '.join(accepted)}")
         LCRule(**vars(self))  # validates
+
+
+def _check_dc_numbers(lam, ms_momentum) -> None:
+    """dc-asgd's and lc-asgd's numbers, as finite numbers in range (the rule checks the rest)."""
+    def number(value):
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not (number(lam) and lam >= 0):
+        raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
+    if not (number(ms_momentum) and 0 <= ms_momentum < 1):
+        raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
+
+
+def _predictor_keywords(name: str) -> List[str]:
+    """The keyword options of loss predictor ``name`` that predictor_options may set."""
+    found = set()
+    for cls in PREDICTORS[name].__mro__:
+        if "__init__" in vars(cls):
+            found |= {p.name for p in inspect.signature(vars(cls)["__init__"]).parameters.values()
+                      if p.kind is p.KEYWORD_ONLY}
+    return sorted(found - {"floor", "min_history"})
 
 
 @dataclass
@@ -246,8 +302,14 @@ class PSStrategy(Strategy):
         raise NotImplementedError
 
     def progress(self) -> int:
-        """Pushes applied by all workers together, as last seen by this worker."""
+        """Pushes applied by all workers together, as last seen by this worker (after ``synchronize()``:
+        the servers' count, the same on every worker)."""
         return self.global_pushes
+
+    def _settle_progress(self) -> None:
+        """Inside ``synchronize()``, between two barriers of the workers (every push has landed and
+        none is made): read the servers' count, the same on every worker."""
+        self.global_pushes = int(self.transport.read_stats()[0]["pushes"])
 
     def stats(self) -> Dict:
         pooled = self.hist.sum(axis=0)
@@ -256,13 +318,19 @@ class PSStrategy(Strategy):
                 "skipped_nonfinite": self.skipped_nonfinite}
 
     def state_dict(self):
-        return {"steps": self.steps, "staleness_hist": self.hist.tolist(),
-                "skipped_nonfinite": self.skipped_nonfinite}
+        """Counters, and the servers' whole state (on worker 0): take it after ``synchronize()``."""
+        state = {"steps": self.steps, "staleness_hist": self.hist.tolist(),
+                 "skipped_nonfinite": self.skipped_nonfinite, "global_pushes": self.global_pushes}
+        state.update(server_state_dict(self.transport))
+        return state
 
     def load_state_dict(self, state):
+        """Collective over the workers (worker 0 restores the servers)."""
         self.steps = int(state["steps"])
         self.hist[:] = np.asarray(state["staleness_hist"], dtype=np.int64)
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.global_pushes = int(state["global_pushes"])
+        load_server_state_dict(self.transport, state)
 
     def close(self) -> None:
         self.transport.close()
@@ -305,6 +373,8 @@ class ASGD(PSStrategy):
         self.transport.barrier()
         self.transport.pull(self.model.flat)
         self.model.load_params()
+        self._settle_progress()
+        self.transport.barrier()  # nobody pushes again before every worker has read the same state
 
     @classmethod
     def server_program(cls, host):
@@ -315,6 +385,7 @@ class _MailboxStrategy(PSStrategy):
     """Worker side of the algorithms whose rule runs on the server: push g, receive new weights."""
 
     mode = "mailbox"
+    compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
@@ -339,14 +410,20 @@ class _MailboxStrategy(PSStrategy):
 
     def synchronize(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""
-        mailbox_snapshot(self.transport, self.model.flat)
+        mailbox_snapshot(self.transport, self.model.flat, while_idle=self._settle_progress)
         self.model.load_params()
 
     def stats(self) -> Dict:
-        """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard."""
+        """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard; dc-asgd
+        and lc-asgd add ``server_pushes``, ``compensation_sq_sum`` and ``grad_sq_sum`` (sums over
+        those pushes of ``||compensated step - g||^2`` and ``||g||^2``)."""
         out = super().stats()
         rows = self.transport.read_stats()
         out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
+        if self.compensates:  # sums over the servers' applied pushes (the shards' parts add up)
+            out["server_pushes"] = rows[0]["pushes"]
+            out["compensation_sq_sum"] = sum(row["compensation_sq"] for row in rows)
+            out["grad_sq_sum"] = sum(row["grad_sq"] for row in rows)
         return out
 
 
@@ -361,6 +438,7 @@ class DCASGD(_MailboxStrategy):
 
     name = "dc-asgd"
     Options = DCASGDOptions
+    compensates = True
 
     @classmethod
     def server_options(cls, options) -> Dict:
@@ -444,6 +522,17 @@ class SoftSync(_MailboxStrategy):
 
 # --- server programs (run by hvd_async.serve on each shard) ---------------------------------------
 
+def _tensors_copy(value):
+    """A deep copy of nested dicts/lists holding tensors (the rules' state), tensors cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _tensors_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors_copy(v) for v in value)
+    return value
+
+
 class _AccumulateProgram:
     """asgd's servers do no arithmetic: the accumulates land by themselves; the loop keeps MPI moving."""
 
@@ -506,6 +595,17 @@ class _MailboxProgram:
         else:
             raise RuntimeError(f"server {self.host.shard}: unknown request kind {kind} from worker {worker}")
 
+    def state_dict(self) -> Dict:
+        """What the program keeps besides the windows (a checkpoint holds it; see ShardHost)."""
+        return {"held": list(self.held), "started": self.started, "active": sorted(self.active),
+                "sgd_state": _tensors_copy(self.sgd_state)}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.held = [int(v) for v in state["held"]]
+        self.started = bool(state["started"])
+        self.active = set(int(m) for m in state["active"])
+        self.sgd_state = _tensors_copy(state["sgd_state"])
+
     def step_kwargs(self, header) -> Dict:
         return {"lr": float(header[W.H_LR]), "momentum": float(header[W.H_MOMENTUM]),
                 "weight_decay": float(header[W.H_WEIGHT_DECAY])}
@@ -531,9 +631,29 @@ class _DCProgram(_MailboxProgram):
     def compensated(self, worker, grad, header) -> torch.Tensor:
         return self.rule.compensated(self.host.weights, grad, self.state, worker)
 
+    def state_dict(self) -> Dict:
+        state = super().state_dict()
+        rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors")}
+        predictors = {int(m): p.state_dict() for m, p in self.state.get("predictors", {}).items()}
+        state.update(momentum=[_tensors_copy(buf) for buf in self.momentum], rule=_tensors_copy(rule_state),
+                     predictors=predictors)
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self.momentum = [_tensors_copy(buf) for buf in state["momentum"]]
+        self.state.update(_tensors_copy(state["rule"]))
+        if "predictors" in self.state:
+            self.state["predictors"] = {}
+            for worker, saved in state["predictors"].items():
+                predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
+                predictor.load_state_dict(saved)
+
     def on_push(self, worker, grad, header) -> None:
         staleness = self.staleness(worker)
         step = self.compensated(worker, grad, header)
+        # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
+        self.host.add_compensation(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)
         self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
         self.host.bump([staleness])
         self.snapshot(worker)
@@ -567,6 +687,12 @@ class _SoftSyncProgram(_MailboxProgram):
     def on_push(self, worker, grad, header) -> None:
         self.pending.append((worker, header))
         self.maybe_apply()
+
+    def state_dict(self) -> Dict:
+        if self.pending:
+            raise RuntimeError(f"{len(self.pending)} gradient(s) wait for the "
+                               f"aggregate; save after synchronize() on every worker")
+        return super().state_dict()
 
     def on_leave(self, worker) -> None:
         super().on_leave(worker)

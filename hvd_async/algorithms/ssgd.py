@@ -8,6 +8,7 @@ Horovod) and are reduced once. Parameters that got no gradient are reduced as ze
 workers submit the same collectives. With a single worker nothing is exchanged (as in Horovod, so
 fp16 compression does not round the gradients then).
 """
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 from ..checks import is_int_at_least
 from ..transport.base import ReduceOp
 from .base import Strategy
+
+logger = logging.getLogger(__name__)
 
 
 def _compression(value):
@@ -69,6 +72,7 @@ class SSGD(Strategy):
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
+        self.skipped_nonfinite = 0
 
     def _allreduce_async(self, p):
         compressed, ctx = self.options.compression.compress(p.grad)
@@ -111,7 +115,29 @@ class SSGD(Strategy):
             self.synchronize()
         self._synchronized = False
         self.steps += 1
+        if closure is None and not self._reduced_grads_finite():
+            self.skipped_nonfinite += 1  # the same reduced gradients on every worker: all skip alike
+            if self.skipped_nonfinite == 1 or self.skipped_nonfinite % 100 == 0:
+                logger.warning("ssgd: the averaged gradient holds NaN or infinity at step %d; optimizer "
+                               "step skipped (%d skipped so far)", self.steps, self.skipped_nonfinite)
+            return None
         return self.optimizer.step(closure)
+
+    def _reduced_grads_finite(self) -> bool:
+        grads = [p.grad for _, p in self.named_parameters if p.grad is not None]
+        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+    def stats(self):
+        out = super().stats()
+        out["skipped_nonfinite"] = self.skipped_nonfinite
+        return out
+
+    def state_dict(self):
+        return {"steps": self.steps, "skipped_nonfinite": self.skipped_nonfinite}
+
+    def load_state_dict(self, state):
+        self.steps = int(state["steps"])
+        self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
 
     def check_zero_grad(self) -> None:
         if self._handles:

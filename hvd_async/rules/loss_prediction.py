@@ -34,7 +34,7 @@ import abc
 import math
 import numbers
 from collections import deque
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 import numpy as np
 import torch
@@ -127,6 +127,21 @@ class LossPredictor(abc.ABC):
     def _observed(self, version: int, loss: float) -> None:
         """Hook: a point was appended (default: nothing)."""
 
+    def state_dict(self) -> Dict[str, Any]:
+        """The kept points and counters (plain values: a checkpoint holds them)."""
+        return {"versions": list(self._versions), "logs": list(self._logs), "ignored": self.ignored}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._versions.clear()
+        self._versions.extend(int(v) for v in state["versions"])
+        self._logs.clear()
+        self._logs.extend(float(y) for y in state["logs"])
+        self.ignored = int(state["ignored"])
+        self._observed_reset()
+
+    def _observed_reset(self) -> None:
+        """Hook: the points were replaced (drop caches)."""
+
     @abc.abstractmethod
     def _predict_log(self, target: int) -> float:
         """``log(L - floor)`` predicted at ``target`` (already within ``max_horizon``)."""
@@ -157,6 +172,9 @@ class LinearPredictor(LossPredictor):
         self._fit = None
 
     def _observed(self, version, loss):
+        self._fit = None
+
+    def _observed_reset(self):
         self._fit = None
 
     def coefficients(self):
@@ -243,6 +261,23 @@ class MLPPredictor(LossPredictor):
         self._optimizer = torch.optim.Adam([self._w1, self._b1, self._w2, self._b2], lr=self.lr)
         self.updates = 0  # Adam steps taken
         self.pairs_seen = 0  # training pairs summed over steps
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = super().state_dict()
+        state.update(net=[t.detach().clone() for t in (self._w1, self._b1, self._w2, self._b2)],
+                     adam=self._optimizer.state_dict(), rng=self._rng.bit_generator.state,
+                     updates=self.updates, pairs_seen=self.pairs_seen, linear=self._linear.state_dict())
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            for param, saved in zip((self._w1, self._b1, self._w2, self._b2), state["net"]):
+                param.copy_(saved)
+        self._optimizer.load_state_dict(state["adam"])
+        self._rng.bit_generator.state = state["rng"]
+        self.updates, self.pairs_seen = int(state["updates"]), int(state["pairs_seen"])
+        self._linear.load_state_dict(state["linear"])
 
     def _net(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x @ self._w1 + self._b1) @ self._w2 + self._b2

@@ -1,6 +1,7 @@
 """What every transport offers: ownership (close, use-after-close errors) and the collective interface."""
 import abc
 import enum
+import time
 from typing import Any, List
 
 import torch
@@ -40,6 +41,11 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         self._closed = True
+
+    def clock(self) -> float:
+        """Seconds, for measuring speeds and waits: ``time.perf_counter()`` (a simulated transport
+        gives its worker's virtual clock)."""
+        return time.perf_counter()
 
     def __enter__(self):
         return self

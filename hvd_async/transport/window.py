@@ -6,8 +6,10 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
 
 - ``weights``: the shard of the global weights;
 - ``meta`` (int64): ``[version, pushes, server busy microseconds, staleness histogram (HIST_BINS
-  bins, the last one counts everything at or beyond it), a shared cursor, one value per worker]``
-  (cursor and values are used on shard 0 only: dbs-asgd's batch cursor and speed table);
+  bins, the last one counts everything at or beyond it), two float64 sums over the applied pushes
+  (squared norm of the compensation the server added to each gradient, and of the gradients: dc-asgd
+  and lc-asgd), a shared cursor, one value per worker]`` (cursor and values are used on shard 0
+  only: dbs-asgd's batch cursor and speed table);
 - mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
   gradient into its inbox slot, flushes, and sends the server a small header message; the server
   applies its rule, writes the weights it wants the worker to continue from into the worker's
@@ -49,7 +51,9 @@ logger = logging.getLogger(__name__)
 
 HIST_BINS = 64
 META_VERSION, META_PUSHES, META_BUSY_US, META_HIST = 0, 1, 2, 3
-META_CURSOR = META_HIST + HIST_BINS
+META_COMP_SQ = META_HIST + HIST_BINS  # float64 bits: sum of ||compensated step - g||^2 over pushes
+META_GRAD_SQ = META_COMP_SQ + 1        # float64 bits: sum of ||g||^2 over the same pushes
+META_CURSOR = META_GRAD_SQ + 1
 META_TABLE = META_CURSOR + 1
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
@@ -64,6 +68,8 @@ TAG_OPEN = 7101     # worker 0 -> each server on the runtime's control communica
 TAG_REQUEST = 7102  # worker -> server: a header
 TAG_ANSWER = 7103   # server -> worker: an answer
 TAG_CLOSE = 7104    # worker -> server: this worker closed the transport
+TAG_STATE = 7105    # worker -> server: ("get", None) or ("set", shard state), answered on TAG_STATE_REPLY
+TAG_STATE_REPLY = 7106
 
 MODES = ("accumulate", "mailbox")
 OSC_HINT = ("one-sided MPI windows could not be created: across hosts OpenMPI needs the UCX "
@@ -248,6 +254,10 @@ class WindowTransport(Transport):
         self._read = np.zeros(rt.servers, dtype=np.int64)  # versions read by pull()
         self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self.dropped: List[int] = []  # workers the others went on without (drop_workers)
+        from ..sim.trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
+
+        self._trace = Tracer.from_env(self._rank, algorithm, mode)
         runtime._register_transport(self)
 
     # --- who we are ------------------------------------------------------------------------
@@ -331,6 +341,8 @@ class WindowTransport(Transport):
             self._win.meta.Flush_all()
             self._versions[:] = versions
             np.maximum(self.latest_versions, versions, out=self.latest_versions)
+            if self._trace is not None:
+                self._trace.pull(versions, flat, False)
             return versions
 
         self._pending = Pending(finish)
@@ -356,6 +368,8 @@ class WindowTransport(Transport):
             meta.Flush_all()
         self._versions[:] = self._read
         np.maximum(self.latest_versions, self._read, out=self.latest_versions)
+        if self._trace is not None:
+            self._trace.pull(self._read, flat, after_push)
         return self._read.copy()
 
     def accumulate_async(self, delta: torch.Tensor) -> Pending:
@@ -392,6 +406,8 @@ class WindowTransport(Transport):
         self._hist_pushes += 1
         if self._hist_pushes >= HIST_EVERY:
             self._send_hist()
+        if self._trace is not None:
+            self._trace.push(self._fetched, staleness)
         return staleness
 
     def _send_hist(self) -> None:
@@ -465,6 +481,61 @@ class WindowTransport(Transport):
         """Push ``grad`` (mailbox mode), wait for the server's answer, get the new weights into ``out``."""
         return self.request_async(KIND_PUSH, grad=grad, out=out, header=header).wait()
 
+    # --- checkpoints ---------------------------------------------------------------------------
+    def server_state(self) -> List[Dict[str, Any]]:
+        """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
+        rule's buffers): consistent when no worker is pushing, e.g. after ``synchronize()``."""
+        self._check_idle()
+        self._send_hist()
+        for k in range(self.servers):
+            self.comm.send(("get", None), dest=k, tag=TAG_STATE)
+        return self._state_replies()
+
+    def _state_replies(self) -> List[Any]:
+        replies = [self.comm.recv(source=k, tag=TAG_STATE_REPLY) for k in range(self.servers)]
+        for status, value in replies:
+            if status != "ok":
+                raise RuntimeError(value)
+        return [value for _, value in replies]
+
+    def load_server_state(self, states: Sequence[Dict[str, Any]]) -> None:
+        """Put back what ``server_state`` returned (same number of servers, shard sizes and workers)."""
+        self._check_idle()
+        if not isinstance(states, (list, tuple)) or len(states) != self.servers:
+            got = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
+            raise ValueError(f"the saved server state has {got} shard(s), this job has {self.servers} "
+                             f"server(s); resume with --servers {got if isinstance(got, int) else '?'}")
+        for k, state in enumerate(states):
+            self.comm.send(("set", state), dest=k, tag=TAG_STATE)
+        try:
+            self._state_replies()
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
+
+    def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
+        """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
+        the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
+        one worker, ``tell_servers``), and ``close()`` will not join the windows' collective free,
+        which the dropped workers would never join (the job then ends with MPI_Abort)."""
+        self._check_idle()
+        self._workers_comm = comm
+        self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
+        if tell_servers:
+            for k in range(self.servers):
+                self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
+            self._state_replies()
+
+    def local_state(self) -> Dict[str, Any]:
+        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
+        return {"versions": self._versions.tolist(), "latest_versions": self.latest_versions.tolist(),
+                "hist_due": self._hist_due.tolist(), "hist_pushes": self._hist_pushes}
+
+    def load_local_state(self, state: Dict[str, Any]) -> None:
+        self._versions[:] = state["versions"]
+        self.latest_versions[:] = state["latest_versions"]
+        self._hist_due[:] = np.asarray(state["hist_due"], dtype=np.int64)
+        self._hist_pushes = int(state["hist_pushes"])
+
     # --- shared cursor and per-worker values (on shard 0) -------------------------------------
     def fetch_add_cursor(self, n: int) -> int:
         """Atomically add ``n`` to the job's shared cursor; returns its value before (dbs-asgd's batches)."""
@@ -500,9 +571,11 @@ class WindowTransport(Transport):
         for k in range(self.servers):
             self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_CURSOR, self._MPI.INT64_T))
             self._win.meta.Flush(k)
+            comp_sq, grad_sq = meta[META_COMP_SQ:META_CURSOR].view(np.float64)
             rows.append({"version": int(meta[META_VERSION]), "pushes": _pushes(meta, self.spec.mode),
                          "busy_seconds": int(meta[META_BUSY_US]) / 1e6,
-                         "staleness_hist": meta[META_HIST:META_CURSOR].tolist()})
+                         "staleness_hist": meta[META_HIST:META_COMP_SQ].tolist(),
+                         "compensation_sq": float(comp_sq), "grad_sq": float(grad_sq)})
         return rows
 
     def close(self) -> None:
@@ -517,10 +590,13 @@ class WindowTransport(Transport):
         self._send_hist()
         self._win.meta.Flush_all()
         self._closed = True
+        if self._trace is not None:
+            self._trace.close()
         for k in range(self.servers):
             self.comm.send(None, dest=k, tag=TAG_CLOSE)
-        self._win.free()
-        self.comm.Free()
+        if not self.dropped:  # (a dropped worker would never join the free)
+            self._win.free()
+            self.comm.Free()
         runtime._unregister_transport(self)
 
 
@@ -544,12 +620,20 @@ class ShardHost:
             outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, np.float32))
             self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
             self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+        self._start_bookkeeping()
+        self.program = make_program(self)
+
+    def _start_bookkeeping(self) -> None:
+        """The host's counters and worker tracking (also the simulator's shard host's)."""
         self.skipped_nonfinite = 0
         self._seen_version = 0
         self.closed: set = set()
+        self.dropped: set = set()  # workers gone without closing (--worker-timeout): no collective free
+        self.worker_timeout: Optional[float] = None  # set by the server loop (--worker-timeout)
+        self._last_heard = [time.monotonic()] * self.spec.workers
+        self._set_aside: set = set()  # workers the watchdog stopped waiting for
         self._header = np.zeros(H_LEN, dtype=np.float64)
         self._answer = np.zeros(R_LEN, dtype=np.float64)
-        self.program = make_program(self)
 
     # The window memory is read and written here directly, under this rank's own lock on it.
     def sync(self) -> None:
@@ -566,6 +650,10 @@ class ShardHost:
         self.meta[META_PUSHES] += pushes
         for s in staleness:
             self.meta[META_HIST + min(int(s), HIST_BINS - 1)] += 1
+
+    def add_compensation(self, compensation_sq: float, grad_sq: float) -> None:
+        """Add one push's squared norms (this shard's part) of the compensation and of the gradient."""
+        self.meta[META_COMP_SQ:META_CURSOR].view(np.float64)[:] += (compensation_sq, grad_sq)
 
     def answer(self, worker: int, staleness: int, status: int) -> None:
         """Tell ``worker`` its outbox slot holds the weights of the current version."""
@@ -598,9 +686,24 @@ class ShardHost:
             if tag == TAG_CLOSE:
                 self.comm.recv(source=source, tag=TAG_CLOSE)
                 self.closed.add(worker)
-                self.program.on_leave(worker)
+                if worker not in self.dropped:
+                    self.program.on_leave(worker)
+            elif tag == TAG_STATE:
+                what, state = self.comm.recv(source=source, tag=TAG_STATE)
+                self.sync()
+                try:
+                    if what == "drop":
+                        reply = self._drop(state)
+                    else:
+                        reply = ("ok", self.state_dict()) if what == "get" else self._load_checked(state)
+                except Exception as exc:  # tell the worker; the server goes on serving
+                    reply = ("error", f"server {self.shard}: {exc}")
+                self.sync()
+                self.comm.send(reply, dest=source, tag=TAG_STATE_REPLY)
             elif tag == TAG_REQUEST:
                 self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
+                self._last_heard[worker] = time.monotonic()
+                self._set_aside.discard(worker)
                 start = time.perf_counter()
                 self.sync()
                 self.program.on_request(worker, self._header.copy())
@@ -609,16 +712,75 @@ class ShardHost:
                 raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
         else:
             handled = budget
+        if self.worker_timeout is not None and getattr(self.program, "pending", None):
+            self._watch()
         return handled
+
+    def _watch(self) -> None:
+        """Gradients wait for the aggregate (softsync, od-sgd): stop waiting for a worker that has sent
+        nothing for ``worker_timeout`` seconds (it is waited for again from its next push)."""
+        now = time.monotonic()
+        for worker in sorted(getattr(self.program, "active", ())):
+            if worker not in self._set_aside and now - self._last_heard[worker] > self.worker_timeout:
+                logger.warning("server %d: worker %d sent nothing for %.0f s (--worker-timeout); the "
+                               "update goes on without it", self.shard, worker, now - self._last_heard[worker])
+                self._set_aside.add(worker)
+                self.program.on_leave(worker)
+
+    def _drop(self, workers) -> Tuple[str, None]:
+        """The workers stopped making progress: count them as closed, never wait for them again."""
+        for worker in workers:
+            if worker not in self.dropped:
+                logger.warning("server %d: worker %d stopped making progress (--worker-timeout); going on "
+                               "without it", self.shard, worker)
+                self.dropped.add(worker)
+                self.closed.add(worker)
+                self.program.on_leave(worker)
+        return ("ok", None)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The shard as it stands: weights, meta counters, outbox slots and the program's state."""
+        state = {"algorithm": self.spec.algorithm, "shard": self.shard, "workers": self.spec.workers,
+                 "weights": self.weights.clone(), "meta": torch.from_numpy(self.meta.copy()),
+                 "skipped_nonfinite": self.skipped_nonfinite}
+        if self.spec.mode == "mailbox":
+            state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
+        program_state = getattr(self.program, "state_dict", None)
+        state["program"] = program_state() if program_state is not None else {}
+        return state
+
+    def _load_checked(self, state: Dict[str, Any]) -> Optional[str]:
+        """Load ``state``; returns ("ok", None), or ("error", why it does not fit this shard)."""
+        for key, want in (("algorithm", self.spec.algorithm), ("shard", self.shard),
+                          ("workers", self.spec.workers)):
+            if state.get(key) != want:
+                return ("error", f"server state for {key}={state.get(key)!r} cannot be loaded into "
+                        f"{key}={want!r} (shard {self.shard}); resume with the checkpoint's algorithm, "
+                        f"servers and workers")
+        if state["weights"].numel() != self.numel:
+            return ("error", f"server shard {self.shard} holds {self.numel} parameters, the saved one "
+                    f"{state['weights'].numel()}: the checkpoint is from another model or server count")
+        self.weights.copy_(state["weights"])
+        self.meta[:] = state["meta"].numpy()
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self._seen_version = self.version
+        if self.spec.mode == "mailbox":
+            for slot, saved in zip(self.outbox, state["outbox"]):
+                slot.copy_(saved)
+        load = getattr(self.program, "load_state_dict", None)
+        if load is not None:
+            load(state["program"])
+        return ("ok", None)
 
     def close(self) -> ShardStats:
         """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
-                           self.meta[META_HIST:META_CURSOR].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
+                           self.meta[META_HIST:META_COMP_SQ].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
-        self._win.free()
-        self.comm.Free()
+        if not self.dropped:
+            self._win.free()
+            self.comm.Free()
         return stats

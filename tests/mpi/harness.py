@@ -8,6 +8,13 @@ import traceback
 import hvd_async as ha
 
 
+def say(line: str) -> None:
+    """Print ``line`` in one write: print() writes the text and the newline apart, and mpirun may put
+    another rank's output between them, joining two ranks' lines into one."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
@@ -18,9 +25,9 @@ def main(checks, names, banner: str) -> None:
     if ha.is_server():
         report = ha.serve()
         for s in report.shards:
-            print(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
-                  f"skipped={s.skipped_nonfinite}", flush=True)
-        print(f"SERVER {ha.world_rank()} DONE order={report.workers_done}", flush=True)
+            say(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
+                f"skipped={s.skipped_nonfinite}")
+        say(f"SERVER {ha.world_rank()} DONE order={report.workers_done}")
         return
     try:
         for name in names or checks:
@@ -35,4 +42,4 @@ def main(checks, names, banner: str) -> None:
         MPI.COMM_WORLD.Abort(1)
     ha.shutdown()
     if ha.rank() == 0:
-        print(f"{banner} {' '.join(names or checks)}", flush=True)
+        say(f"{banner} {' '.join(names or checks)}")

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import hvd_async as ha
-from harness import check, main
+from harness import check, main, say
 from hvd_async.transport import window as W
 
 NUMEL = 1001  # not a multiple of 2: the shards differ in length
@@ -335,7 +335,7 @@ def shutdown():
     total = ha.worker_comm().allreduce(pushed.numpy())  # the early worker's part is in here
     if early:
         t.close()  # returns once the others have closed too; they keep being served meanwhile
-        print(f"EARLY WORKER {rank} CLOSED", flush=True)
+        say(f"EARLY WORKER {rank} CLOSED")
     else:
         stayers.Barrier()
         t.request_async(W.KIND_PULL, out=flat).wait()

@@ -1,0 +1,214 @@
+"""What the training job keeps so that a checkpoint resumes it exactly: batch positions, counters,
+and the collective save and restore of every worker's part (the servers' shards through worker 0).
+
+One checkpoint file per save, written by worker 0 (``hvd_async.checkpoint.save_in``, atomic)::
+
+    {"workers": [part of worker 0, part of worker 1, ...], "job": {...}}
+
+Each worker's part holds its model, its ``DistributedOptimizer.state_dict()`` (worker 0's carries
+every server shard), its batch position, its RNG states and its counters; ``job`` holds what worker
+0 reports (the epoch, the metrics history, the next checkpoint). The file's ``meta`` names the job
+(algorithm, workers, servers, dataset, model, batch size, seed, parameter shapes): resuming a
+different one is refused with one line saying what differs.
+"""
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import checkpoint
+from .checkpoint import CheckpointError
+
+__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "parse_every", "rendezvous"]
+
+TAG_ARRIVED = 7201
+
+
+class WorkerStalled(RuntimeError):
+    """Workers stopped making progress (``--worker-timeout``) where the job cannot go on without them."""
+
+    def __init__(self, workers: List[int], timeout: float, why: str):
+        self.workers = workers
+        names = ", ".join(map(str, workers))
+        super().__init__(f"worker(s) {names} made no progress for {timeout:g} s (--worker-timeout); {why}")
+
+
+def rendezvous(comm, timeout: float) -> List[int]:
+    """Wait until every rank of ``comm`` has come here, at most ``timeout`` seconds after this one
+    did; returns the ranks that did not come (empty when all did). A small message to every other
+    rank, so a rank that never arrives is named rather than waited for in a collective."""
+    me, size = comm.rank, comm.size
+    for rank in range(size):
+        if rank != me:
+            comm.isend(None, dest=rank, tag=TAG_ARRIVED)  # eager: completes without the receiver
+    arrived = {me}
+    deadline = time.monotonic() + timeout
+    while len(arrived) < size and time.monotonic() < deadline:
+        for rank in range(size):
+            if rank not in arrived and comm.iprobe(source=rank, tag=TAG_ARRIVED):
+                comm.recv(source=rank, tag=TAG_ARRIVED)
+                arrived.add(rank)
+        time.sleep(0.001)
+    return sorted(set(range(size)) - arrived)
+
+
+def parse_every(text: str):
+    """``--checkpoint-every``: ``N`` or ``Nepochs`` (every N epochs), ``Nsteps`` (every N steps) ->
+    ``(N, "epochs" | "steps")``; ValueError naming the value otherwise."""
+    value = str(text).strip().lower()
+    for unit, suffixes in (("steps", ("steps", "step")), ("epochs", ("epochs", "epoch", ""))):
+        for suffix in suffixes:
+            number = value[:len(value) - len(suffix)] if suffix else value
+            if value.endswith(suffix) and number.isdigit() and int(number) >= 1:
+                return int(number), unit
+    raise ValueError(f"--checkpoint-every {text!r}: give N or Nepochs (every N epochs) or Nsteps (every "
+                     f"N steps), N >= 1, e.g. 2 or 500steps")
+
+
+class Batches:
+    """One worker's mini-batches as index lists, with a position a checkpoint holds.
+
+    ``synchronous``: each epoch's ``DistributedSampler`` split (reshuffled per epoch by ``seed``);
+    ``next(epoch)`` returns None once this worker's share of that epoch is used. Otherwise an endless
+    sequence of random passes over the data from this worker's own generator.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, rank: int, workers: int, seed: int,
+                 synchronous: bool):
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.rank, self.workers, self.seed, self.synchronous = rank, workers, seed, synchronous
+        self.generator = torch.Generator().manual_seed(seed * 1000 + rank + 1)
+        self.epoch, self.pos, self.order = None, 0, []
+        self.pass_start = None  # the generator's state before this pass's permutation
+        if synchronous:
+            from torch.utils.data import DistributedSampler
+
+            self.sampler = DistributedSampler(range(num_samples), num_replicas=workers, rank=rank,
+                                              shuffle=True, seed=seed)
+            self.per_epoch = -(-len(self.sampler) // batch_size)
+
+    def _epoch_order(self, epoch: int) -> List[int]:
+        self.sampler.set_epoch(epoch)
+        return list(self.sampler)
+
+    def _new_pass(self) -> List[int]:
+        self.pass_start = self.generator.get_state()
+        return torch.randperm(self.num_samples, generator=self.generator).tolist()
+
+    def next(self, epoch: int) -> Optional[List[int]]:
+        if self.synchronous:
+            if self.epoch != epoch:
+                self.epoch, self.pos, self.order = epoch, 0, self._epoch_order(epoch)
+            if self.pos >= len(self.order):
+                return None
+        elif self.pos >= len(self.order):
+            self.order, self.pos = self._new_pass(), 0
+        batch = self.order[self.pos:self.pos + self.batch_size]
+        self.pos += len(batch)
+        return batch
+
+    def state_dict(self) -> Dict[str, Any]:
+        if self.synchronous:
+            return {"epoch": self.epoch, "pos": self.pos}
+        return {"pass_start": self.pass_start, "pos": self.pos, "after": self.generator.get_state()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.pos = int(state["pos"])
+        if self.synchronous:
+            self.epoch = state["epoch"]
+            self.order = self._epoch_order(self.epoch) if self.epoch is not None else []
+        elif state["pass_start"] is not None:
+            self.generator.set_state(state["pass_start"])
+            self.order = self._new_pass()
+            self.generator.set_state(state["after"])
+
+
+class WorkerBatches:
+    """What one worker trains on next: the training job and the simulator draw alike.
+
+    - dbs-asgd (``fetch_add`` given: the servers' shared cursor): batches of the strategy's current
+      size from one shared sequence, each sample once per epoch; the epoch is over for this worker
+      when the sequence has moved on to the next one;
+    - the other parameter-server algorithms (``servers``): this worker's own random batches until
+      the servers' progress reaches ``epoch`` passes over the data (fast workers push more of them,
+      and nobody waits inside an epoch), and at least one batch per epoch: with more workers than
+      batches in a pass, the pushes in flight when the count is reached can pass the next epoch's
+      mark too, which would leave that epoch with no training at all;
+    - the rest: this worker's ``DistributedSampler`` share of the epoch.
+
+    ``batches``, ``drawn`` (dbs-asgd's batch taken from the sequence but not trained on yet) and
+    ``last_epoch`` (the epoch of this worker's last batch) are what a checkpoint keeps.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, rank: int, workers: int, seed: int, strategy,
+                 servers: bool, fetch_add=None):
+        self.strategy, self.servers = strategy, servers
+        self.global_steps = -(-num_samples // batch_size)  # batches in one pass over the data
+        self.batches = Batches(num_samples, batch_size, rank=rank, workers=workers, seed=seed,
+                               synchronous=not servers)
+        self.shared = None
+        if fetch_add is not None:
+            from .sampling import SharedCursorBatches
+
+            self.shared = SharedCursorBatches(num_samples, seed=seed, fetch_add=fetch_add)
+        self.drawn = None
+        self.last_epoch = None
+
+    def next(self, epoch: int) -> Optional[List[int]]:
+        """The sample indices of this worker's next batch of ``epoch``, or None when it is over."""
+        if self.shared is not None:
+            self.drawn = self.drawn or self.shared.draw(self.strategy.batch_size)
+            if self.drawn[0] >= epoch:  # the shared sequence has moved on to the next epoch
+                return None
+            indices, self.drawn = self.drawn[1], None
+            return indices
+        if self.servers:
+            if self.last_epoch == epoch and self.strategy.progress() >= epoch * self.global_steps:
+                return None
+            self.last_epoch = epoch
+        return self.batches.next(epoch)
+
+
+class JobCheckpoints:
+    """Collective save and restore of the job over the workers' communicator ``comm``."""
+
+    def __init__(self, directory: str, *, keep: int, meta: Dict[str, Any], comm):
+        self.directory, self.keep, self.meta, self.comm = directory, keep, meta, comm
+
+    def save(self, step: int, part: Dict[str, Any], job: Optional[Dict[str, Any]]) -> str:
+        """Every worker passes its part (worker 0 also ``job``); returns the file's path on all."""
+        parts = self.comm.gather(part, root=0)
+        path, error = None, None
+        if self.comm.rank == 0:
+            try:
+                path = checkpoint.save_in(self.directory, step, {"workers": parts, "job": job},
+                                          keep=self.keep, meta=self.meta)
+            except (OSError, TypeError) as exc:
+                error = f"could not write a checkpoint in {self.directory}: {exc}"
+        path, error = self.comm.bcast((path, error), root=0)
+        if error:
+            raise CheckpointError(error)
+        return path
+
+    def restore(self):
+        """Read the newest checkpoint on worker 0 and hand every worker its part: ``(path, part, job)``.
+        Raises CheckpointError on every worker when there is none or it does not fit this job."""
+        state, error, path = None, None, None
+        if self.comm.rank == 0:
+            path = checkpoint.latest(self.directory)
+            if path is None:
+                error = (f"--resume: no checkpoint (ckpt-<step>.pt) in {self.directory}; start without "
+                         f"--resume, or point --checkpoint-dir at the run's folder")
+            else:
+                try:
+                    state = checkpoint.load(path, expect=self.meta)
+                    if len(state.get("workers", ())) != self.comm.size:
+                        error = f"checkpoint {path} holds {len(state.get('workers', ()))} workers' state"
+                except CheckpointError as exc:
+                    error = str(exc)
+        path, error = self.comm.bcast((path, error), root=0)
+        if error:
+            raise CheckpointError(error)
+        part = self.comm.scatter(state["workers"] if state else None, root=0)
+        job = self.comm.bcast(state["job"] if state else None, root=0)
+        return path, part, job

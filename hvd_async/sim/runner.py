@@ -1,0 +1,57 @@
+"""``hvd-async simulate``: parse, check, run the simulated job, print the result (``python -m hvd_async.sim.runner``)."""
+import argparse
+import sys
+from typing import List, Optional, Union
+
+from ..config import ConfigError
+from . import options
+
+
+def _args(args: Union[List[str], argparse.Namespace]) -> argparse.Namespace:
+    if isinstance(args, argparse.Namespace):
+        full = vars(options.build_parser().parse_args([]))
+        full.update(vars(args))
+        return options.check(argparse.Namespace(**full))
+    return options.check(options.parse(list(args)))
+
+
+def simulate(args: Union[List[str], argparse.Namespace]) -> dict:
+    """See :func:`hvd_async.sim.simulate`. Bad options raise ConfigError (one line)."""
+    import torch
+
+    from .. import data
+    from .job import run_job
+
+    args = _args(args)
+    splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed, image_size=args.image_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core, and the same kernels on every run
+    try:
+        return run_job(args, splits)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from ..data import DataError
+    from ..models import ModelError
+    from ..train import TrainingStopped
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _args(argv)
+        record = simulate(args)
+    except (ConfigError, DataError, ModelError) as exc:
+        print(f"hvd-async simulate: error: {exc}", file=sys.stderr)
+        return 2
+    except TrainingStopped as exc:  # as hvd-async train: exit 3
+        print(f"hvd-async simulate: error: {exc}", file=sys.stderr)
+        return 3
+    from ..metrics import print_result
+
+    print_result(args, record, simulated=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Checkpoint state under mpirun (tests/test_checkpoint_resume.py): ``SERVERS=S python state_checks.py [CHECK ...]``.
+
+For every algorithm: train a few steps, ``synchronize()``, take ``state_dict()``; train on (the
+servers' weights, counters, momentum buffers, backups and predictors all move), ``synchronize()``,
+``load_state_dict()`` the saved state on every worker; the state then read back equals the saved one
+exactly, servers included. Worker 0 prints ``STATE CHECKS OK ...``.
+"""
+import sys
+
+import torch
+
+import hvd_async as ha
+from harness import check, main
+
+OPTIONS = {  # options that make every piece of state non-trivial
+    "asgd": {}, "dbs-asgd": {"batch_size": 8, "every": 2}, "dc-asgd": {"lam": 0.5, "adaptive": True},
+    "lc-asgd": {"lam": 0.1, "predictor": "mlp", "min_history": 2,
+                "predictor_options": {"warmup_steps": 1, "context": 3, "window": 8}},
+    "softsync": {"n": 1}, "od-sgd": {"local_momentum": 0.5}, "easgd": {"tau": 2}, "hpsgd": {"window": 2},
+    "gossip": {"variant": "push"}, "ssgd": {},
+}
+SERVERLESS = ("ssgd", "hpsgd", "gossip")
+
+
+def same(a, b, where="state"):
+    """Raise naming the first place where two nested states differ (tensors compared exactly)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        check(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+              and a.dtype == b.dtype and torch.equal(a, b), f"{where}: tensors differ")
+    elif isinstance(a, dict):
+        check(isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(map(str, a))} vs "
+              f"{sorted(map(str, b)) if isinstance(b, dict) else type(b)}")
+        for key in a:
+            same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        check(isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: lengths differ")
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    else:
+        check(a == b, f"{where}: {a!r} != {b!r}")
+
+
+def servers_of(state):
+    strategy = state["strategy"]
+    return strategy["servers"] if "servers" in strategy else strategy["exchange"]["servers"]
+
+
+def train(opt, model, steps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(8, 6, generator=gen)
+        y = torch.randint(0, 3, (8,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss=loss.detach())
+
+
+def round_trip(algorithm):
+    def run():
+        rank = ha.rank()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        options = dict(OPTIONS[algorithm])
+        if algorithm == "od-sgd" and ha.num_servers() == 0:
+            options["exchange"] = "allreduce"
+        opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                      named_parameters=model.named_parameters(), algorithm=algorithm, **options)
+        train(opt, model, 7, seed=100 + rank)
+        opt.synchronize()
+        saved = opt.state_dict()
+        ha.worker_comm().Barrier()  # nobody pushes while worker 0 reads the servers
+        with_servers = algorithm not in SERVERLESS and ha.num_servers() > 0
+        saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+        if rank == 0 and with_servers:
+            check(len(servers_of(saved)) == ha.num_servers(), "worker 0 holds every shard")
+        train(opt, model, 5, seed=200 + rank)
+        opt.synchronize()
+        moved = opt.state_dict()
+        ha.worker_comm().Barrier()
+        if rank == 0 and with_servers:
+            try:
+                same(servers_of(saved), servers_of(moved))
+                check(False, f"{algorithm}: the servers' state did not move in 5 more steps")
+            except AssertionError as exc:
+                check("did not move" not in str(exc), str(exc))
+        model.load_state_dict(saved_model)
+        opt.load_state_dict(saved)
+        same(saved, opt.state_dict(), f"{algorithm} state after load")
+        for name, value in model.state_dict().items():
+            check(torch.equal(value, saved_model[name]), f"{algorithm}: model {name} changed by the load")
+        ha.worker_comm().Barrier()  # worker 0 has read the servers before anyone pushes again
+        train(opt, model, 2, seed=300 + rank)  # it trains on from there
+        opt.synchronize()
+        opt.close()
+    return run
+
+
+def foreign_state():
+    """Another algorithm's state, or another server count's, is refused with a clear message."""
+    model = torch.nn.Linear(6, 3)
+    opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                  algorithm="dc-asgd")
+    opt.synchronize()
+    state = opt.state_dict()
+    wrong = dict(state, algorithm="asgd")
+    try:
+        opt.load_state_dict(wrong)
+        check(False, "loaded another algorithm's state")
+    except ValueError as exc:
+        check("from algorithm 'asgd'" in str(exc), str(exc))
+    if ha.rank() == 0:
+        servers = state["strategy"]["servers"]
+        try:
+            opt.strategy.transport.load_server_state(servers + servers)
+            check(False, "loaded twice the shards")
+        except ValueError as exc:
+            check(f"has {2 * len(servers)} shard(s), this job has {len(servers)}" in str(exc), str(exc))
+        shard = dict(servers[0], weights=servers[0]["weights"][:-1])
+        try:
+            opt.strategy.transport.load_server_state([shard] + servers[1:])
+            check(False, "loaded a shard of another size")
+        except ValueError as exc:
+            check("the checkpoint is from another model or server count" in str(exc), str(exc))
+    opt.synchronize()
+    opt.close()
+
+
+if __name__ == "__main__":
+    import os
+
+    names = [n for n in sys.argv[1:]]
+    with_servers = int(os.environ.get("SERVERS", "1")) > 0
+    algorithms = [a for a in OPTIONS if with_servers or a in SERVERLESS + ("od-sgd",)]
+    checks = {a: round_trip(a) for a in algorithms}
+    if with_servers:
+        checks["foreign_state"] = foreign_state
+    main(checks, names, "STATE CHECKS OK")

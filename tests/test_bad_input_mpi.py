@@ -1,0 +1,91 @@
+"""Bad input under mpirun, rows of docs/bad-input.md that need MPI: workers whose models differ,
+--servers >= ranks under plain mpirun, a bad keyword that reaches a real transport and a corrupt
+checkpoint under --resume. procs.run fails on a hang and on any process left behind."""
+import os
+
+from procs import mpirun, python, run
+
+CLI = python("-m", "hvd_async.cli")
+
+DIFFERENT_MODELS = """
+import sys
+
+import torch
+import hvd_async as ha
+
+ha.init()
+rank = ha.rank()
+cases = {"ssgd": [(2, 3)] if rank == 0 else [(3, 3)],      # a shape differs
+         "gossip": [(2, 3)] if rank == 0 else [(2, 3), (3,)],  # a parameter more
+         "hpsgd": [(2, 3)]}                                  # a dtype differs
+for algorithm, shapes in cases.items():
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64 if algorithm == "hpsgd" and rank else None))
+              for s in shapes]
+    try:
+        ha.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), algorithm=algorithm,
+                                named_parameters=[(f"layer{i}.weight", p) for i, p in enumerate(params)])
+    except ValueError as exc:
+        # one write per line: print() writes the text and the newline apart, and mpirun can then
+        # interleave the two workers' lines
+        sys.stdout.write(f"REFUSED {algorithm} on worker {rank}: {exc}\\n")
+        sys.stdout.flush()
+"""
+
+
+def _error_lines(out):
+    return [line for line in out.splitlines() if "error:" in line]
+
+
+def test_workers_whose_models_differ_are_refused_on_every_worker():
+    result = mpirun(2, python("-c", DIFFERENT_MODELS), timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.out, result.out[-3000:]
+    for algorithm, fragment in (
+            ("ssgd", "parameter #0 is 'layer0.weight' (2, 3) torch.float32 on worker 0 but 'layer0.weight' (3, 3) "
+                     "torch.float32 on worker 1; every worker must build the same model"),
+            ("gossip", "worker 0 has 1 parameters, worker 1 has 2; every worker must build the same model"),
+            ("hpsgd", "(2, 3) torch.float32 on worker 0 but 'layer0.weight' (2, 3) torch.float64 on worker 1")):
+        lines = [line for line in result.out.splitlines() if line.startswith(f"REFUSED {algorithm} ")]
+        assert len(lines) == 2 and all(fragment in line for line in lines), result.out[-3000:]
+
+
+def test_servers_at_least_ranks_under_plain_mpirun():
+    result = mpirun(2, python("-m", "hvd_async.train", "--algo", "asgd", "--servers", "2"), timeout=120)
+    assert result.returncode == 2, result.out[-3000:]
+    assert _error_lines(result.out) == ["hvd_async.train: error: --servers 2 leaves no worker: --np 2 counts every "
+                                        "MPI process, servers included; use --servers < 2 or a larger --np"], result.out
+    assert "Traceback" not in result.out
+
+
+UNCAUGHT_KEYWORD = """
+import torch
+import hvd_async as ha
+
+ha.init(servers=1)
+if ha.is_server():
+    ha.serve()
+else:
+    p = torch.nn.Parameter(torch.zeros(3))
+    ha.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)], algorithm="softsync", n=3)
+"""
+
+
+def test_bad_keyword_reaching_a_real_transport_ends_every_rank():
+    """softsync's n is checked against the worker count when its windows are made: the uncaught
+    error ends both workers, and the server, told they finished, ends too."""
+    result = mpirun(3, python("-c", UNCAUGHT_KEYWORD), timeout=120)
+    assert result.returncode != 0
+    assert result.out.count("ValueError: n must be between 1 and the number of workers (2), got 3") == 2, \
+        result.out[-3000:]
+
+
+def test_corrupt_checkpoint_under_resume(tmp_path):
+    path = str(tmp_path / "ckpt-12.pt")
+    with open(path, "wb") as out:
+        out.write(os.urandom(512))
+    result = run(CLI + ["train", "--np", "2", "--epochs", "2", "--checkpoint-dir", str(tmp_path), "--resume"],
+                 timeout=120)
+    assert result.returncode == 2, result.out[-3000:]
+    lines = _error_lines(result.out)
+    assert len(lines) == 1 and lines[0].startswith(f"hvd_async.train: error: checkpoint {path} is truncated, "
+                                                   f"corrupt or not a torch file ("), result.out[-3000:]
+    assert lines[0].endswith("); use an older checkpoint or start without --resume") and "Traceback" not in result.out

@@ -1,0 +1,160 @@
+"""Checkpoints under mpirun: every algorithm's state (servers included) round-trips exactly
+(tests/mpi/state_checks.py); the job resumes bit for bit (ssgd), refuses another job's checkpoint,
+restarts after a worker is killed, and stops on a streak of non-finite gradients."""
+import json
+import signal
+import time
+
+import pytest
+
+from procs import mpirun, python, run
+
+
+@pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (5, 2, True), (2, 0, False), (3, 0, True)])
+def test_state_round_trips_exactly(np, servers, no_shm):
+    result = mpirun(np, python("tests/mpi/state_checks.py"), no_shm=no_shm, env={"SERVERS": str(servers)},
+                    timeout=300)
+    assert result.returncode == 0, result.out[-6000:]
+    expected = ("asgd dbs-asgd dc-asgd lc-asgd softsync od-sgd easgd hpsgd gossip ssgd foreign_state"
+                if servers else "od-sgd hpsgd gossip ssgd")
+    assert f"STATE CHECKS OK {expected}" in result.out, result.out[-3000:]
+
+
+CLI = python("-m", "hvd_async.cli")
+
+
+def train(*argv, timeout=300):
+    return run(CLI + ["train", *argv], timeout=timeout)
+
+
+def final_checkpoint(directory):
+    from hvd_async import checkpoint
+
+    return checkpoint.load(checkpoint.latest(str(directory)))
+
+
+def assert_same_training_state(a, b):
+    """Every worker's model, optimizer state and batch position equal, bit for bit."""
+    import torch
+
+    assert len(a["workers"]) == len(b["workers"])
+    for worker, (x, y) in enumerate(zip(a["workers"], b["workers"])):
+        for name in x["model"]:
+            assert torch.equal(x["model"][name], y["model"][name]), (worker, name)
+        for key, state in x["optimizer"]["optimizer"]["state"].items():
+            other = y["optimizer"]["optimizer"]["state"][key]
+            assert all(torch.equal(state[k], other[k]) for k in state), (worker, key)
+        assert x["batches"] == y["batches"] and x["counters"]["steps"] == y["counters"]["steps"]
+    assert [h["test_accuracy"] for h in a["job"]["history"]] == [h["test_accuracy"] for h in b["job"]["history"]]
+
+
+@pytest.mark.parametrize("every,stop_at", [("1", None), ("20steps", "ckpt-60.pt")])
+def test_ssgd_resume_is_bit_exact(tmp_path, every, stop_at):
+    """2 epochs, then resumed to 4 (or: resumed from a checkpoint in the middle of epoch 2), equals 4
+    epochs straight, bit for bit."""
+    common = ["--algo", "ssgd", "--np", "3", "--deterministic", "--checkpoint-every", every]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    result = train(*common, "--epochs", "4", "--checkpoint-dir", str(straight), "--keep-checkpoints", "10")
+    assert result.returncode == 0, result.out[-3000:]
+    if stop_at is None:
+        first = train(*common, "--epochs", "2", "--checkpoint-dir", str(resumed))
+    else:  # the same run, cut off after the checkpoint 20 steps in (epoch 2 of 15 steps each)
+        first = train(*common, "--epochs", "4", "--checkpoint-dir", str(resumed), "--keep-checkpoints", "10")
+        for path in resumed.glob("ckpt-*.pt"):
+            if int(path.stem.split("-")[1]) > int(stop_at.split("-")[1].split(".")[0]):
+                path.unlink()
+    assert first.returncode == 0, first.out[-3000:]
+    second = train(*common, "--epochs", "4", "--checkpoint-dir", str(resumed), "--resume")
+    assert second.returncode == 0, second.out[-3000:]
+    assert "resumed from" in second.out
+    assert_same_training_state(final_checkpoint(straight), final_checkpoint(resumed))
+
+
+@pytest.mark.parametrize("algo,extra", [("asgd", []), ("dc-asgd", ["--checkpoint-every", "25steps"])])
+def test_async_resume_trains_on(tmp_path, algo, extra):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.json"
+    first = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), *extra)
+    assert first.returncode == 0, first.out[-3000:]
+    saved = final_checkpoint(ck)
+    servers = saved["workers"][0]["optimizer"]["strategy"]["servers"]
+    assert len(servers) == 1 and int(servers[0]["meta"][0]) == saved["workers"][0]["optimizer"]["strategy"]["global_pushes"]
+    second = train("--algo", algo, "--np", "4", "--epochs", "4", "--checkpoint-dir", str(ck), "--resume",
+                   "--metrics-out", str(metrics), *extra)
+    assert second.returncode == 0, second.out[-3000:]
+    record = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in record["history"]] == [1, 2, 3, 4]
+    assert record["final_test_accuracy"] >= 0.85, record["history"]
+    assert record["updates"] >= 4 * 45  # the servers' counter went on from the saved one
+
+
+def test_resume_refuses_another_job(tmp_path):
+    ck = tmp_path / "ck"
+    assert train("--algo", "asgd", "--np", "3", "--epochs", "1", "--checkpoint-dir", str(ck)).returncode == 0
+    for argv, expected in (
+            (["--algo", "dc-asgd", "--np", "3"], "was written with algorithm='asgd'; this job runs with "
+                                                 "algorithm='dc-asgd'"),
+            (["--algo", "asgd", "--np", "4"], "was written with workers=2; this job runs with workers=3"),
+            (["--algo", "asgd", "--np", "3", "--model", "cnn"], "model='mlp'")):
+        result = train(*argv, "--epochs", "3", "--checkpoint-dir", str(ck), "--resume")
+        assert result.returncode == 2, result.out[-3000:]
+        errors = [line for line in result.out.splitlines() if "error:" in line]
+        assert len(errors) == 1 and expected in errors[0], result.out[-3000:]
+    empty = train("--np", "2", "--checkpoint-dir", str(tmp_path / "none"), "--resume")
+    assert empty.returncode == 2 and "no checkpoint (ckpt-<step>.pt) in" in empty.out, empty.out[-2000:]
+    (ck / "ckpt-999.pt").write_bytes(b"not a checkpoint")
+    corrupt = train("--algo", "asgd", "--np", "3", "--epochs", "3", "--checkpoint-dir", str(ck), "--resume")
+    assert corrupt.returncode == 2 and "is truncated, corrupt or not a torch file" in corrupt.out, corrupt.out[-2000:]
+
+
+def test_nonfinite_streak_stops_with_a_checkpoint(tmp_path):
+    for algo in ("ssgd", "asgd"):
+        ck = tmp_path / algo
+        result = train("--algo", algo, "--np", "3", "--lr", "1e30", "--max-nonfinite", "5", "--checkpoint-dir", str(ck))
+        assert result.returncode == 3, result.out[-3000:]
+        assert result.out.count("error: stopped: 5 gradients in a row held NaN or infinity") == 1, result.out[-3000:]
+        state = final_checkpoint(ck)  # the state it names loads, and nothing non-finite was applied
+        assert f"the last good state is in {ck}" in result.out
+        assert state["workers"][0]["optimizer"]["strategy"]["skipped_nonfinite"] >= 5
+
+
+def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):
+    """SIGKILL one asgd worker mid-run: mpirun ends the job at once, the launcher relaunches it from
+    the newest checkpoint (intact), and the run finishes with accuracy in the normal range."""
+    from hvd_async import checkpoint
+    from jobs import BackgroundJob
+
+    ck, metrics = tmp_path / "ck", tmp_path / "m.json"
+    job = BackgroundJob(CLI + ["train", "--algo", "asgd", "--np", "4", "--epochs", "8", "--compute-ms", "50",
+                               "--checkpoint-dir", str(ck), "--max-restarts", "1", "--metrics-out", str(metrics)])
+    assert job.wait_for("epoch 1/8"), job.out[-3000:]
+    deadline = time.time() + 60  # worker 0 writes the epoch's checkpoint after printing its line
+    while (before := checkpoint.latest(str(ck))) is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert before is not None, job.out[-3000:]
+    killed_at = job.signal_rank(2, signal.SIGKILL)  # world rank 2: worker 1 (rank 0 is the server)
+    checkpoint.load(before)  # what was there when the worker died is whole
+    assert job.finish(timeout=300) == 0, job.out[-4000:]
+    out = job.out
+    restarted_at = job.first_line_time("restart 1 of 1 from")
+    assert restarted_at is not None and restarted_at - killed_at < 30, out[-4000:]
+    restart = next(line for _, line in job.lines if "restart 1 of 1 from" in line)
+    assert "killed by SIGKILL" in restart and "ckpt-" in restart and "resumed from" in out
+    assert "mpirun noticed that process rank 2" in out  # the dead rank is named
+    record = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in record["history"]] == list(range(1, 9))
+    assert record["final_test_accuracy"] >= 0.85, record["history"]
+    for path in ck.glob("ckpt-*.pt"):
+        checkpoint.load(str(path))
+    assert not job.left_behind()
+
+
+@pytest.mark.parametrize("algo", ["lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd"])
+def test_every_algorithm_resumes_in_the_job(tmp_path, algo):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.json"
+    assert train("--algo", algo, "--np", "4", "--epochs", "1", "--checkpoint-dir", str(ck)).returncode == 0
+    result = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), "--resume",
+                   "--metrics-out", str(metrics))
+    assert result.returncode == 0, result.out[-3000:]
+    record = json.loads(metrics.read_text())
+    assert [h["epoch"] for h in record["history"]] == [1, 2]
+    assert record["final_test_accuracy"] >= 0.7, record["history"]

@@ -1,0 +1,96 @@
+"""The reproduction study's reduced version (benchmarks/reproduce.py --quick) runs and writes sane output:
+every part's JSON and PNG, accuracies in [0, 1], time axes strictly increasing, a verdict per part,
+and the results page (in the output folder, not docs/)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce.py")
+PARTS = ("odsgd", "compensation", "scaling", "hetero", "hpsgd")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    page_before = os.path.getmtime(os.path.join(ROOT, "docs", "results.md")) \
+        if os.path.exists(os.path.join(ROOT, "docs", "results.md")) else None
+    done = subprocess.run([sys.executable, SCRIPT, "--quick", "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    page_after = os.path.getmtime(os.path.join(ROOT, "docs", "results.md")) \
+        if os.path.exists(os.path.join(ROOT, "docs", "results.md")) else None
+    assert page_after == page_before, "--quick must not rewrite docs/results.md"
+    return out, done.stdout
+
+
+def _summary(out, part):
+    with open(os.path.join(out, f"reproduce_{part}.json")) as f:
+        return json.load(f)
+
+
+def check_summary(summary):
+    """The checks of one part's JSON; raises AssertionError naming what is wrong."""
+    assert summary["verdict"] in ("reproduced", "partly", "not"), summary["verdict"]
+    assert summary["claims"] and all(c["verdict"] in ("reproduced", "partly", "not") for c in summary["claims"])
+    assert summary["criterion"] and summary["table"]["rows"]
+    assert summary["runs"], "no runs"
+    assert summary["time_base"] == "simulated"
+    for run in summary["runs"]:
+        assert run["status"] in ("ok", "diverged", "stalled"), run["status"]
+        assert 0.0 <= run["score"] <= 1.0, run
+        if run["status"] == "ok":
+            assert 0.0 <= run["final_test_accuracy"] <= 1.0
+            assert len(run["curve"]) >= 2, run
+        times = [point[0] for point in run["curve"]]
+        assert all(b > a for a, b in zip(times, times[1:])), f"time axis not increasing: {times}"
+        assert all(0.0 <= point[1] <= 1.0 for point in run["curve"]), run["curve"]
+
+
+def test_every_part_writes_sane_json(quick_out):
+    out, _ = quick_out
+    for part in PARTS:
+        summary = _summary(out, part)
+        assert summary["part"] == part and summary["quick"] is True
+        check_summary(summary)
+    assert any(r["status"] == "ok" for p in PARTS for r in _summary(out, p)["runs"])
+
+
+def test_every_part_writes_a_png(quick_out):
+    out, _ = quick_out
+    for part in PARTS:
+        path = os.path.join(out, f"reproduce_{part}.png")
+        with open(path, "rb") as f:
+            head = f.read(8)
+        assert head == PNG_MAGIC, path
+        assert os.path.getsize(path) > 10_000, f"{path} is too small to hold a plot"
+
+
+def test_page_names_every_part_and_verdict(quick_out):
+    out, stdout = quick_out
+    with open(os.path.join(out, "results.md")) as f:
+        page = f.read()
+    for part in PARTS:
+        summary = _summary(out, part)
+        assert f"## {summary['title']}" in page
+        assert f"reproduce_{part}.png" in page
+        assert "**Criterion.**" in page and "**Verdict:" in page
+    assert "== hpsgd" in stdout  # progress is printed
+
+
+def test_check_summary_catches_bad_output():
+    """The checks above fail on what they are meant to catch."""
+    good = {"verdict": "partly", "claims": [{"verdict": "partly"}], "criterion": "c", "table": {"rows": [[1]]},
+            "time_base": "simulated",
+            "runs": [{"status": "ok", "score": 0.9, "final_test_accuracy": 0.9, "curve": [[0.1, 0.5, 1.0], [0.2, 0.9, 0.5]]}]}
+    check_summary(good)
+    for bad in ({"verdict": "maybe"},
+                {"runs": [dict(good["runs"][0], curve=[[0.2, 0.5, 1.0], [0.2, 0.9, 0.5]])]},
+                {"runs": [dict(good["runs"][0], score=1.5)]},
+                {"runs": [dict(good["runs"][0], curve=[[0.1, 0.5, 1.0], [0.2, 1.2, 0.5]])]}):
+        with pytest.raises(AssertionError):
+            check_summary(dict(good, **bad))

@@ -1,0 +1,49 @@
+"""The launcher's stderr relay: mpirun's exit-status banner is dropped after the job's own one-line
+error, and nothing else is held back or lost."""
+import io
+
+from hvd_async.launcher import BannerFilter
+
+ERROR = b"hvd_async.train: error: --lr must be > 0, got -1\n"
+DASHES = b"-" * 74 + b"\n"
+PRIMARY = DASHES + b"Primary job  terminated normally, but 1 process returned\n" \
+                   b"a non-zero exit code. Per user-direction, the job has been aborted.\n" + DASHES
+DETECTED = DASHES + b"mpirun detected that one or more processes exited with non-zero status, thus causing\n" \
+                    b"the job to be terminated. The first process to do so was:\n\n  Process name: [[1,1],2]\n" \
+                    b"  Exit code:    2\n" + DASHES
+KILLED = DASHES + b"mpirun noticed that process rank 2 with PID 0 on node x exited on signal 9 (Killed).\n" + DASHES
+
+
+def relay(*chunks: bytes) -> bytes:
+    out = io.TextIOWrapper(io.BytesIO(), write_through=True)
+    sink = BannerFilter(out)
+    for chunk in chunks:
+        sink.feed(chunk)
+    sink.close()
+    return out.buffer.getvalue()
+
+
+def test_the_exit_banners_after_an_error_line_are_dropped():
+    assert relay(ERROR + PRIMARY + DETECTED) == ERROR
+    data = ERROR + PRIMARY + DETECTED
+    assert relay(*(data[i:i + 7] for i in range(0, len(data), 7))) == ERROR  # whatever the chunks
+
+
+def test_banners_are_kept_without_an_error_line_and_a_signal_banner_always():
+    assert relay(b"epoch 1/2\n" + PRIMARY + DETECTED) == b"epoch 1/2\n" + PRIMARY + DETECTED
+    assert relay(ERROR + KILLED + DETECTED) == ERROR + KILLED
+
+
+def test_progress_text_after_a_carriage_return_goes_out_at_once():
+    out = io.TextIOWrapper(io.BytesIO(), write_through=True)
+    sink = BannerFilter(out)
+    sink.feed(b"\r 10%|#   | 3/30")
+    assert out.buffer.getvalue() == b"\r 10%|#   | 3/30"
+    sink.feed(b"\r 20%|##  | 6/30")
+    assert out.buffer.getvalue() == b"\r 10%|#   | 3/30\r 20%|##  | 6/30"
+    sink.feed(b"--")  # the same line goes on: out at once
+    assert out.buffer.getvalue().endswith(b"6/30--")
+    sink.feed(b"\n" + b"-" * 30)  # a new line that could open a banner: held until it is complete
+    assert out.buffer.getvalue().endswith(b"6/30--\n")
+    sink.close()  # nothing is lost at the end
+    assert out.buffer.getvalue().endswith(b"6/30--\n" + b"-" * 30)

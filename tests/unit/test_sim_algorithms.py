@@ -1,0 +1,64 @@
+"""Every algorithm the simulator supports trains digits to a sane accuracy at a few workers, through
+the real strategy and server code; unsupported algorithms and bad values fail with one line."""
+import pytest
+
+from hvd_async import cli
+from hvd_async.sim import simulate
+from hvd_async.sim.options import SUPPORTED
+
+CASES = {  # algorithm: (extra flags, epochs, accuracy it must reach)
+    "asgd": ([], 5, 0.85), "dc-asgd": ([], 5, 0.85), "lc-asgd": ([], 5, 0.85),
+    "softsync": (["--softsync-n", "2"], 5, 0.85), "dbs-asgd": (["--straggler", "1=3"], 5, 0.85),
+    "ssgd": ([], 5, 0.9), "easgd": ([], 5, 0.9), "gossip": (["--gossip-variant", "push"], 5, 0.9),
+    "hpsgd": ([], 5, 0.9), "od-sgd": (["--od-exchange", "allreduce"], 8, 0.9),
+}
+
+
+def test_every_supported_algorithm_has_a_case():
+    assert sorted(CASES) == sorted(SUPPORTED)
+
+
+@pytest.mark.parametrize("algo", sorted(CASES))
+def test_trains_digits(algo):
+    extra, epochs, floor = CASES[algo]
+    record = simulate(["--algo", algo, "--workers", "4", "--epochs", str(epochs), "--delay-dist", "uniform",
+                       "--latency-ms", "0.2", *extra])
+    assert record["final_test_accuracy"] >= floor, record["history"]
+    assert record["history"][-1]["train_loss"] < record["history"][0]["train_loss"]
+    assert record["workers"] == 4 and len(record["history"]) == epochs
+    if algo == "dbs-asgd":  # the slow worker is told to draw fewer samples (sizes by simulated speed)
+        assert record["batch_sizes"][1] < min(record["batch_sizes"][0], record["batch_sizes"][2])
+
+
+def test_dc_asgd_reports_the_compensation_its_real_server_program_applied():
+    record = simulate(["--algo", "dc-asgd", "--workers", "4", "--epochs", "1", "--lam", "0.5"])
+    assert record.get("compensation_rms_norm", 0) > 0
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--algo", "od-sgd"], "--algo od-sgd --od-exchange window is not supported by the simulator; supported: asgd"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+    (["--compute-ms", "0"], "--compute-ms must be > 0 in the simulator"),
+    (["--delay-dist", "pareto", "--delay-shape", "0.5"], "pareto's alpha must be > 1"),
+    (["--delay-dist", "gamma"], "invalid choice: 'gamma'"),
+    (["--slow-workers", "5"], "--slow-workers must be between 0 and --workers (4), got 5"),
+    (["--slow-factor", "0.5"], "--slow-factor must be >= 1"),
+    (["--straggler", "7=2"], "there is no worker 7"),
+    (["--algo", "softsync", "--softsync-n", "9"], "--softsync-n 9 must be between 1 and the number of workers (4)"),
+    (["--algo", "nope"], "unknown algorithm 'nope'"),
+    (["--algo", "dc-asgd", "--replay", "somewhere"], "--replay supports asgd"),
+    (["--algo", "asgd", "--replay", "/nonexistent-trace"], "--replay /nonexistent-trace"),
+])
+def test_bad_values_exit_2_with_one_line(capsys, argv, match):
+    assert cli.main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+
+
+def test_help_lists_the_simulator_options(capsys):
+    assert cli.main(["simulate", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--workers", "--delay-dist", "--delay-shape", "--latency-ms", "--slow-workers", "--slow-factor",
+                 "--replay", "--lam", "--softsync-n", "--straggler"):
+        assert flag in out
+    assert cli.main(["--help"]) == 0 and "simulate" in capsys.readouterr().out
