@@ -49,11 +49,12 @@ def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None,
 
 
 def mpirun(np: int, program: Sequence[str], *, no_shm: bool = False, timeout: float = 240,
-           env: Optional[dict] = None) -> Result:
-    """``program`` on ``np`` ranks through the project's own launcher command line."""
+           env: Optional[dict] = None, mpi_args: Sequence[str] = ()) -> Result:
+    """``program`` on ``np`` ranks through the project's own launcher command line (``mpi_args``:
+    more mpirun options)."""
     from hvd_async.launcher import mpirun_command
 
-    cmd = mpirun_command(np, program, mpi_args=" ".join(NO_SHM) if no_shm else "",
+    cmd = mpirun_command(np, program, mpi_args=" ".join([*(NO_SHM if no_shm else []), *mpi_args]),
                          env=list((env or {}).keys()))
     return run(cmd, timeout=timeout, env=env)
 
