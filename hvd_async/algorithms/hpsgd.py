@@ -59,7 +59,7 @@ from typing import Any, Dict
 
 import torch
 
-from ..checks import is_int_at_least
+from ..checks import all_finite, is_int_at_least
 from ..transport.base import ReduceOp
 from ..transport.window import staleness_summary
 from .base import Strategy
@@ -214,7 +214,7 @@ class HPSGD(Strategy):
     # --- the optimizer interface ----------------------------------------------------------
     def _grads_finite(self) -> bool:
         grads = [p.grad for p in self._params if p.grad is not None]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        return all_finite(grads)
 
     def step(self, closure=None):
         self._check_open()

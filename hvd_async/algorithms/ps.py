@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..checks import is_int_at_least
+from ..checks import all_finite, is_int_at_least
 from ..rules import DCRule, LCRule, SGDRule, staleness_scaled_mean_
 from ..rules.loss_prediction import PREDICTORS
 from ..transport import window as W
@@ -90,7 +90,7 @@ def finite_grads(strategy, model: "_FlatModel", skipped: str) -> Optional[torch.
     """The model's gradients as one flat tensor, or None (counted in ``strategy.skipped_nonfinite``
     and logged, ``skipped`` saying what is not done) when one holds NaN or infinity."""
     grad = model.gather_grads()
-    if bool(torch.isfinite(grad).all()):
+    if all_finite([grad]):
         return grad
     strategy.skipped_nonfinite += 1
     if strategy.skipped_nonfinite == 1 or strategy.skipped_nonfinite % 100 == 0:
@@ -577,7 +577,7 @@ class _MailboxProgram:
         if kind == W.KIND_PUSH:
             self.active.add(worker)
             grad = self.host.inbox[worker]
-            if not bool(torch.isfinite(grad).all()):
+            if not all_finite([grad]):
                 self.host.skipped_nonfinite += 1
                 logger.warning("server %d: non-finite gradient from worker %d skipped (%d so far)",
                                self.host.shard, worker, self.host.skipped_nonfinite)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..checks import is_int_at_least
+from ..checks import all_finite, is_int_at_least
 from ..transport.base import ReduceOp
 from .base import Strategy
 
@@ -125,7 +125,7 @@ class SSGD(Strategy):
 
     def _reduced_grads_finite(self) -> bool:
         grads = [p.grad for _, p in self.named_parameters if p.grad is not None]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        return all_finite(grads)
 
     def stats(self):
         out = super().stats()
