@@ -45,7 +45,7 @@ else:
             opt.step(loss=loss.detach())   # the loss travels with the push (lc-asgd needs it)
             batch = getattr(opt.strategy, "batch_size", batch)
         scheduler.step()
-        opt.synchronize()                  # collective: every worker now holds the global weights
+        opt.load_global_model()            # collective: every worker now holds the global weights
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         if hasattr(opt.strategy, "resume_local"):  # easgd evaluated the centre; go on from its own weights

@@ -21,6 +21,7 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """
     if not tensors:
         return True
+    tensors = [t._values() if t.is_sparse else t for t in tensors]
     sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
             if t.is_floating_point() else t.sum() for t in tensors]
     if bool(torch.isfinite(torch.stack([s.double() for s in sums]).sum())):

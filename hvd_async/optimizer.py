@@ -1,20 +1,59 @@
 """DistributedOptimizer: holds the user's optimizer and hands exchange and update to an algorithm's strategy."""
+import dataclasses
 import logging
+import sys
+from contextlib import contextmanager
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from . import registry, runtime
 from .algorithms.base import parse_options
+from .horovod_options import HorovodOptions, check_supported
 from .transport.base import Transport
 
 logger = logging.getLogger(__name__)
 
 
+# Options the wrapper itself gives a meaning under every algorithm (the strategies need not know):
+# torch sums gradients over backward passes by itself, and densifying is done before the step.
+_WRAPPER_OPTIONS = ("backward_passes_per_step", "sparse_as_dense")
+_HOROVOD_FIELDS = tuple(f.name for f in dataclasses.fields(HorovodOptions))
+
+
+def _supported(strategy_cls) -> set:
+    """The Horovod options that mean something under ``strategy_cls``: the wrapper's, and those its
+    options dataclass declares."""
+    return set(_WRAPPER_OPTIONS) | {f.name for f in dataclasses.fields(strategy_cls.Options)}
+
+
+def _where_supported() -> Dict[str, List[str]]:
+    """Each Horovod option -> the algorithms that give it a meaning (for the error messages)."""
+    table = {name: [] for name in _HOROVOD_FIELDS}
+    for algorithm in registry.NAMES:
+        for name in _supported(registry.strategy_class(algorithm)) & set(table):
+            table[name].append(algorithm)
+    return table
+
+
+def _called_by_horovod_state_broadcast() -> bool:
+    """Whether ``horovod.torch.broadcast_optimizer_state`` is calling ``step()`` right now to create
+    a new optimizer's state (it sets zero gradients first; every worker calls it, a local step)."""
+    frame = sys._getframe(2)
+    for _ in range(3):
+        if frame is None:
+            return False
+        if (frame.f_code.co_name == "broadcast_optimizer_state"
+                and str(frame.f_globals.get("__name__", "")).startswith("horovod.")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if named_parameters is None:
-        return [(f"param.{i}", p) for i, p in enumerate(params)]
+    if named_parameters is None:  # Horovod's names for unnamed parameters
+        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
     try:
         named = list(named_parameters)
     except TypeError:
@@ -55,26 +94,29 @@ def _check_same_model(named, allgather) -> None:
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap a PyTorch optimizer so that ``step()`` runs a distributed algorithm from the registry.
 
-    A one-line change from ``horovod.torch.DistributedOptimizer``; the wrapped optimizer keeps its
-    own state (momentum, Adam moments) and is reachable as ``.optimizer``.
+    A drop-in for ``horovod.torch.DistributedOptimizer``: the same keyword options, the wrapped
+    optimizer's ``state_dict()`` in torch's own format (so ``hvd.broadcast_optimizer_state``,
+    ``torch.save`` checkpoints and schedulers work), ``synchronize()`` / ``skip_synchronize()`` for
+    gradient clipping, ``_parameter_names``. The wrapped optimizer keeps its own state (momentum,
+    Adam moments) and is reachable as ``.optimizer``.
 
     Args:
         optimizer: the local ``torch.optim.Optimizer``.
         named_parameters: ``model.named_parameters()``; names key the exchange and the checks.
-        algorithm: one of :data:`hvd_async.ALGORITHMS` (``hvd_async.registry.built()`` lists those
-            that run now).
+        algorithm: one of :data:`hvd_async.ALGORITHM_NAMES`.
         transport: the transport to use; by default the algorithm's own over this job's workers
             (Horovod collectives for ssgd, MPI windows on the servers for the parameter-server
             algorithms). Tests pass a loopback transport.
-        **options: the algorithm's keyword options, checked here with errors that say what is
-            accepted: ssgd ``backward_passes_per_step``, ``compression``, ``op``; asgd
-            ``pull_every``; dc-asgd ``lam``, ``adaptive``, ``ms_momentum``; softsync ``n``,
-            ``staleness_lr``; lc-asgd dc-asgd's and ``loss_term``, ``predictor``,
-            ``predictor_options``, ``floor``, ``r_min``, ``r_max``, ``min_history``; dbs-asgd
-            ``batch_size``, ``every``, ``smoothing``, ``min_batch``, ``max_batch``, ``pull_every``; od-sgd ``local_lr``, ``local_momentum``, ``local_optimizer``,
-            ``local_schedule``, ``exchange``; hpsgd ``window``, ``merge_rate``, ``overlap``,
-            ``keep_own_change``; gossip ``every``, ``variant``, ``topology``, ``seed``,
-            ``progress_interval``; easgd ``tau``, ``alpha`` or ``rho``, ``synchronous``.
+        compression, backward_passes_per_step, op, gradient_predivide_factor, num_groups, groups,
+            sparse_as_dense, process_set: Horovod's options, with Horovod's defaults and meaning
+            (README, "Drop-in"): where an algorithm gives one no meaning, a value other than the
+            default is refused with the algorithms where it works.
+        **options: the algorithm's own keyword options, checked here with errors that say what is
+            accepted (``hvd-async algorithms`` and docs/guide.md list them).
+
+    The weights every worker starts from are worker 0's at the first ``step()`` (or
+    ``load_global_model()``), which is collective over the workers once: broadcasts and checkpoint
+    loads made after building the optimizer (Horovod's order) reach the parameter servers.
 
     Example::
 
@@ -87,7 +129,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                 algorithm: str = "ssgd", *, transport=None, **options: Any):
+                 algorithm: str = "ssgd", *, transport=None, compression=None,
+                 backward_passes_per_step: int = 1, op="average", gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None,
+                 **options: Any):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
@@ -96,6 +141,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"transport must be a hvd_async.transport.Transport, got "
                             f"{type(transport).__name__}; leave it out to use the algorithm's own")
         strategy_cls = registry.strategy_class(algorithm)
+        hvd_options = HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor,
+                                     num_groups, groups, sparse_as_dense, process_set)
+        supported = _supported(strategy_cls)
+        check_supported(algorithm, supported, hvd_options, _where_supported())
+        declared = {f.name for f in dataclasses.fields(strategy_cls.Options)}
+        for name, value in hvd_options.non_default().items():  # to the strategy, where it declares them
+            if name in declared:
+                options.setdefault(name, value)
         parsed = parse_options(strategy_cls.Options, algorithm, options)
         named = _named_parameters(optimizer, named_parameters)
         strategy_cls.check_optimizer(optimizer)
@@ -107,6 +160,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm
+        self.horovod_options = hvd_options
+        self._parameter_names = {p: name for name, p in named}  # Horovod's attribute, same meaning
+        self._begun = False
         try:
             self.strategy = strategy_cls(optimizer, named, transport, parsed)
         except BaseException:
@@ -134,18 +190,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return f"DistributedOptimizer(algorithm={self.algorithm!r}, optimizer={self.optimizer!r})"
 
+    def _begin(self) -> None:
+        """Collective over the workers, once: the exchange starts from worker 0's weights as they
+        are now (after the user's broadcasts or checkpoint load)."""
+        if not self._begun:
+            self._begun = True
+            self.strategy.begin()
+
     def step(self, closure=None, *, loss=None):
         """Run the algorithm's step. ``loss``: this step's mini-batch loss (a float or a tensor), which
         the parameter-server algorithms send with the push (lc-asgd needs it)."""
+        if _called_by_horovod_state_broadcast():
+            return self.strategy.init_optimizer_state()
+        self._begin()
+        if self.horovod_options.sparse_as_dense and self.algorithm != "ssgd":  # (ssgd: in its hooks)
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and p.grad.is_sparse:
+                        p.grad = p.grad.to_dense()
         if loss is not None:
             self.strategy.reported_loss = float(loss)
         return self.strategy.step(closure)
 
     def synchronize(self) -> None:
+        """Make this worker's gradients final, as Horovod's: ssgd waits for its allreduces (the
+        averaged gradient can then be clipped); the other algorithms exchange in ``step()``, so the
+        local gradient already is final. Follow it with ``with opt.skip_synchronize(): opt.step()``.
+        To give every worker the global weights, call :meth:`load_global_model`."""
         self.strategy.synchronize()
 
+    @contextmanager
     def skip_synchronize(self):
-        return self.strategy.skip_synchronize()
+        """Inside it, ``step()`` does not call ``synchronize()`` again (after an explicit one)."""
+        with self.strategy.skip_synchronize():
+            yield
+
+    def load_global_model(self) -> None:
+        """Collective over the workers: every worker's model becomes the global one (the servers'
+        weights, easgd's centre, gossip's exact average, hpsgd's merged model; ssgd's workers hold
+        it already). Call it on every worker before evaluating or saving the model."""
+        self._begin()
+        self.strategy.load_global_model()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.strategy.check_zero_grad()
@@ -164,19 +249,43 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self.strategy.progress()
 
     def state_dict(self) -> Dict[str, Any]:
-        """The wrapped optimizer's state plus the algorithm's own (so a checkpoint resumes both)."""
-        return {"algorithm": self.algorithm, "optimizer": self.optimizer.state_dict(),
-                "strategy": self.strategy.state_dict()}
+        """The wrapped optimizer's state, in torch's format (local: no exchange). The algorithm's
+        own state (counters, server shards) is :meth:`algorithm_state_dict`."""
+        return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        if not isinstance(state_dict, dict) or not {"algorithm", "optimizer", "strategy"} <= set(state_dict):
-            raise ValueError("not a hvd_async.DistributedOptimizer state_dict (expected keys "
-                             "'algorithm', 'optimizer', 'strategy')")
-        if state_dict["algorithm"] != self.algorithm:
-            raise ValueError(f"state_dict is from algorithm {state_dict['algorithm']!r}, this optimizer "
+        """Load the wrapped optimizer's state (torch's format; local, e.g. on rank 0 only before
+        ``hvd.broadcast_optimizer_state``). A whole state as written by earlier hvd_async versions
+        (``'algorithm'``, ``'optimizer'``, ``'strategy'``) also loads the algorithm's part, which is
+        collective (see :meth:`load_algorithm_state_dict`)."""
+        if isinstance(state_dict, dict) and {"algorithm", "optimizer", "strategy"} <= set(state_dict):
+            self.optimizer.load_state_dict(state_dict["optimizer"])
+            self.load_algorithm_state_dict(state_dict)
+            return
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("not an optimizer state_dict (expected torch's keys 'state' and "
+                             "'param_groups', from opt.state_dict())")
+        self.optimizer.load_state_dict(state_dict)
+
+    def algorithm_state_dict(self) -> Dict[str, Any]:
+        """The algorithm's own state (counters; on worker 0 the servers' shards: weights, versions,
+        the rules' buffers), for exact resume. Take it on every worker after
+        :meth:`load_global_model` (nothing in flight)."""
+        self._begin()
+        return {"algorithm": self.algorithm, "strategy": self.strategy.state_dict()}
+
+    def load_algorithm_state_dict(self, state: Dict[str, Any]) -> None:
+        """Put back :meth:`algorithm_state_dict`'s state; collective over the workers (worker 0
+        restores the servers; nobody exchanges before they are restored)."""
+        if not isinstance(state, dict) or not {"algorithm", "strategy"} <= set(state):
+            raise ValueError("not a hvd_async algorithm state (expected keys 'algorithm' and 'strategy', "
+                             "from opt.algorithm_state_dict())")
+        if state["algorithm"] != self.algorithm:
+            raise ValueError(f"the state is from algorithm {state['algorithm']!r}, this optimizer "
                              f"runs {self.algorithm!r}")
-        self.optimizer.load_state_dict(state_dict["optimizer"])
-        self.strategy.load_state_dict(state_dict["strategy"])
+        self._begin()
+        self.strategy.load_state_dict(state["strategy"])
 
     def close(self) -> None:
+        self._begin()  # a worker that never stepped still meets the others' first exchange
         self.strategy.close()

@@ -8,6 +8,9 @@ import atexit
 import logging
 import os
 import numbers
+import sys
+import time
+import traceback
 from enum import Enum
 from typing import List, Optional
 
@@ -38,23 +41,31 @@ class _Runtime:
 _rt: Optional[_Runtime] = None
 
 
-def init(servers: int = 0) -> None:
+def init(servers: int = 0, *, serve: bool = False) -> None:
     """Start MPI and Horovod and give this process its role.
+
+    Horovod is initialised over the workers only, so the script's own ``hvd.rank()``, ``hvd.size()``,
+    ``hvd.broadcast_parameters`` count workers, and a later ``hvd.init()`` changes nothing. An
+    uncaught exception on any rank ends the whole job (its traceback first), never a hang.
 
     Args:
         servers: how many of the job's MPI processes are parameter servers (0 for ssgd, hpsgd and
             gossip; 1 or more for the parameter-server algorithms). Must leave at least one worker.
+        serve: on a server rank, serve until every worker has finished and then end the process
+            (exit status 0), so that a Horovod script needs no server branch of its own; workers
+            return from ``init`` as usual. Default False: call :func:`serve` yourself.
 
     Example::
 
         import hvd_async as ha
-        ha.init(servers=1)
-        if ha.is_server():
-            ha.serve()
+        ha.init(servers=1, serve=True)   # server ranks never return from here
+        opt = ha.DistributedOptimizer(..., algorithm="asgd")
     """
     global _rt
     if isinstance(servers, bool) or not isinstance(servers, numbers.Integral) or servers < 0:
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
+    if not isinstance(serve, bool):
+        raise ValueError(f"serve must be True or False, got {serve!r}")
     if _rt is not None:
         if _rt.servers != servers:
             raise RuntimeError(f"hvd_async.init() was already called with servers={_rt.servers}; "
@@ -81,7 +92,31 @@ def init(servers: int = 0) -> None:
         hvd.init(comm=rt.group)
     _rt = rt
     atexit.register(shutdown)
+    if world > 1:
+        sys.excepthook = _end_job_on_uncaught
     logger.info("started: world rank %d of %d, %s %d", rt.world.rank, world, rt.role.value, rt.group.rank)
+    if serve and rt.role is Role.SERVER:
+        globals()["serve"]()
+        sys.exit(0)
+
+
+# How long a failing rank waits, after printing its traceback, before it ends the job: ranks that
+# fail at the same point (a bad option on every worker) print theirs too.
+ABORT_GRACE_SECONDS = 1.0
+
+
+def _end_job_on_uncaught(exc_type, exc, tb) -> None:
+    """sys.excepthook: print the traceback, then end every rank of the job (MPI_Abort): the others may
+    sit in a collective or a window this rank will never join."""
+    sys.__excepthook__(exc_type, exc, tb)
+    _abort(1)
+
+
+def _abort(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_SECONDS)
+    _rt.world.Abort(code)
 
 
 def _runtime() -> _Runtime:
@@ -177,8 +212,14 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
                 or (name == "worker_timeout" and value == 0):
             raise ValueError(f"serve(): {name} must be a finite number of seconds "
                              f"{'> 0 (or None)' if name == 'worker_timeout' else '>= 0'}, got {value!r}")
-    report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
-                        win_comm=rt.win_comm, worker_timeout=worker_timeout)
+    try:
+        report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
+                            win_comm=rt.win_comm, worker_timeout=worker_timeout)
+    except BaseException as exc:  # the workers would wait for this server for ever: end the job
+        sys.stderr.write(f"hvd_async: server {rt.group.rank} (world rank {rt.world.rank}) failed, ending "
+                         f"the job: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        _abort(1)
+        raise
     rt.finished = True
     return report
 

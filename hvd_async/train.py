@@ -153,6 +153,7 @@ class _Job:
             torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                             weight_decay=args.weight_decay),
             named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
+        self.opt._begin()  # parameters were broadcast above: start the exchange now, not at step 1
         self.uses_servers = ha.num_servers() > 0
         self.source = WorkerBatches(len(splits.train), args.batch_size, rank=rank, workers=workers, seed=args.seed,
                                     strategy=self.opt.strategy, servers=self.uses_servers,
@@ -203,7 +204,9 @@ class _Job:
 
         path, part, saved_job = self.saver.restore()
         self.model.load_state_dict(part["model"])
-        self.opt.load_state_dict(part["optimizer"])
+        self.opt.load_state_dict(part["optimizer"])  # (a checkpoint of an earlier version: both parts)
+        if "algorithm" in part:
+            self.opt.load_algorithm_state_dict(part["algorithm"])
         self.source.batches.load_state_dict(part["batches"])
         checkpoint.set_rng_state(part["rng"])
         self.acc.__dict__.update(part["counters"])
@@ -224,11 +227,12 @@ class _Job:
             self.bar.update(min(self.bar.total, (job["epoch"] - 1) * self.steps_per_epoch + self.acc.epoch_steps))
 
     def save_checkpoint(self, progress: int) -> str:
-        """Collective: every worker's part and worker 0's job record, after opt.synchronize()."""
+        """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
         from . import checkpoint
 
         self.acc.last_work = self.pacer.last_work
         part = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "algorithm": self.opt.algorithm_state_dict(),
                 "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
                 "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
                 "last_epoch": self.source.last_epoch}
@@ -430,11 +434,10 @@ class _Job:
             if args.worker_timeout:
                 self._drop_stalled()
             self.beat()
-            if args.algo != "ssgd":  # (ssgd has nothing in flight after step(); its synchronize reduces again)
-                # first thing after the loop: finish the exchange in flight; the parameter-server
-                # algorithms tell the servers this worker stopped pushing (softsync must not wait for
-                # its gradients); then every worker holds the global weights to evaluate
-                opt.synchronize()
+            # first thing after the loop: finish the exchange in flight; the parameter-server
+            # algorithms tell the servers this worker stopped pushing (softsync must not wait for its
+            # gradients); then every worker holds the global weights to evaluate (ssgd's already do)
+            opt.load_global_model()
             ended, pause, nonfinite, progress = self._agree(reason)
             self.beat()
             if nonfinite:

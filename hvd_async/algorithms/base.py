@@ -1,6 +1,7 @@
 """The strategy interface: when and what to exchange, through a transport, applying a rule."""
 import abc
 import dataclasses
+from contextlib import contextmanager
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -63,8 +64,37 @@ class Strategy(abc.ABC):
     def step(self, closure=None):
         """Exchange what the algorithm exchanges, then update the local model."""
 
+    def begin(self) -> None:
+        """Collective over the workers, once, before the first exchange: start every worker (and
+        the servers) from worker 0's weights as they are now. Default: nothing to do."""
+
+    def init_optimizer_state(self):
+        """``horovod.torch.broadcast_optimizer_state`` creates a new optimizer's state with a step on
+        zero gradients on every worker: a local step of the wrapped optimizer, no exchange (as
+        Horovod's own optimizer does; where the rule runs on the servers that state goes unused,
+        but the hyperparameters are then broadcast as under Horovod)."""
+        return self.optimizer.step()
+
+    runs_user_optimizer = True  # False where the update rule runs on the servers (SGD there)
+
     def synchronize(self) -> None:
-        """Finish any exchange in flight (no-op where nothing is pending)."""
+        """Make the local gradients final, as Horovod's ``synchronize()`` (only ssgd has reductions
+        in flight after ``backward()``; the others exchange inside ``step()``)."""
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside it does not synchronize again (after an explicit ``synchronize()``)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    _should_synchronize = True
+
+    def load_global_model(self) -> None:
+        """Collective over the workers: every worker's model becomes the global model (no-op where
+        the workers' models are equal after every step)."""
 
     def check_zero_grad(self) -> None:
         """Raise if clearing gradients now would race with an exchange in flight."""

@@ -19,7 +19,7 @@ through ``transport.fetch_add_cursor``, so that no sample is repeated or skipped
 
 Choices: the measured time includes whatever the caller does between steps (data loading,
 evaluation), as the paper's per-iteration time does; the first interval after construction or
-``synchronize()`` is not measured (it holds set-up or evaluation); workers that have not
+``load_global_model()`` is not measured (it holds set-up or evaluation); workers that have not
 reported yet count at the mean of those that have.
 """
 from dataclasses import dataclass
@@ -124,8 +124,8 @@ class DBSASGD(ASGD):
         self._since = self.clock()  # the exchange is not compute
         return loss
 
-    def synchronize(self) -> None:
-        super().synchronize()
+    def load_global_model(self) -> None:
+        super().load_global_model()
         self._skip_measure = True
 
     def state_dict(self):

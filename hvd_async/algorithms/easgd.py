@@ -26,7 +26,7 @@ Rate: exactly one of ``alpha`` (the moving rate, in (0, 1)) or ``rho`` (the elas
 ``alpha = lr * rho`` with the wrapped optimizer's ``lr`` at construction); neither gives the
 paper's suggestion ``beta = N * alpha = 0.9``, i.e. ``alpha = 0.9 / N`` for N workers.
 
-``synchronize()`` (collective over the workers; the training loop calls it at epoch ends before
+``load_global_model()`` (collective over the workers; the training loop calls it at epoch ends before
 evaluating): after a barrier (every move has landed) every worker puts its own weights aside and
 loads the centre into its model, and a second barrier keeps anyone from moving the centre before
 all have read it, so every worker evaluates the same model: the centre. Training continues from
@@ -116,7 +116,11 @@ class EASGD(Strategy):
         self.moves = 0
         self.wait_seconds = 0.0
         self.skipped_nonfinite = 0
-        transport.publish_(self.model.flat)  # worker 0's weights: the centre and every worker's start
+
+    def begin(self) -> None:
+        """Worker 0's weights as they are now: the centre and every worker's start."""
+        self.model.store_params()
+        self.transport.publish_(self.model.flat)
         self.model.load_params()
 
     @classmethod
@@ -131,7 +135,7 @@ class EASGD(Strategy):
         return _AccumulateProgram(host)
 
     def resume_local(self) -> None:
-        """After ``synchronize()``: put the worker's own weights back into the model (no-op otherwise)."""
+        """After ``load_global_model()``: put the worker's own weights back into the model (no-op otherwise)."""
         if self.holding_centre:
             self.model.flat.copy_(self.local)
             self.model.load_params()
@@ -175,7 +179,7 @@ class EASGD(Strategy):
             return self.steps * self.transport.size
         return self.options.tau * int(self.transport.latest_versions[0])
 
-    def synchronize(self) -> None:
+    def load_global_model(self) -> None:
         """Collective over the workers: every worker's model holds the centre (see the module docstring)."""
         start = self.clock()
         self.transport.barrier()  # every move has landed (an accumulate completes before step() returns)
@@ -196,7 +200,7 @@ class EASGD(Strategy):
 
     def state_dict(self):
         """Counters, the worker's own weights (also while the model holds the centre) and, on worker
-        0, the centre on the servers: take it after ``synchronize()``."""
+        0, the centre on the servers: take it after ``load_global_model()``."""
         self.model.store_params()
         own = self.local if self.holding_centre else self.model.flat
         state = {"steps": self.steps, "staleness_hist": self.hist.tolist(), "moves": self.moves,

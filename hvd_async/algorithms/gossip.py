@@ -24,7 +24,7 @@ the allreduce by gossip aggregation. Each ``step()`` runs the wrapped optimizer 
   peers) keeps everything at its exchange until pushes reach it again, so that its fp32 numerator
   cannot underflow (counted in ``stats()["mixes_held"]``).
 
-``synchronize()`` (collective over the workers; the training loop calls it at epoch ends before
+``load_global_model()`` (collective over the workers; the training loop calls it at epoch ends before
 evaluating) makes every worker hold the exact mean model, bit-identical everywhere (summed on
 worker 0 and broadcast): pull: ``mean_i w_i``; push: ``sum x / sum s`` (after a barrier, so every
 push has landed), and each window restarts at ``(x, s) = (mean, 1)``. Training goes on from there.
@@ -39,7 +39,7 @@ Example::
                                   topology="exponential")
 
 Tuning: ``every`` > 1 saves bandwidth but lets the workers drift further apart; if the models'
-spread grows (compare accuracy before and after ``synchronize()``), mix more often. Across hosts
+spread grows (compare accuracy before and after ``load_global_model()``), mix more often. Across hosts
 ``progress_interval`` bounds how long a peer waits on a busy worker's window.
 """
 import logging
@@ -212,15 +212,20 @@ class Gossip(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self.model = _FlatModel([p for _, p in named_parameters])
         self.peers = PeerSchedule(options.topology, rank=transport.rank, size=transport.size, seed=options.seed)
-        transport.broadcast_(self.model.flat, root=0)  # every worker starts from worker 0's weights
-        self.model.load_params()
-        mixer = _PullMixer if options.variant == "pull" else _PushSumMixer
-        self.mixer = mixer(transport, self.model.flat)
+        self.mixer = None  # made in begin(), from the weights every worker starts from
         self.mixes = 0
         self.held = 0  # push-sum exchanges skipped at a low weight
         self.bytes_moved = 0
         self.wait_seconds = 0.0
         self.skipped_nonfinite = 0
+
+    def begin(self) -> None:
+        """Every worker starts from worker 0's weights as they are now; the windows hold them."""
+        self.model.store_params()
+        self.transport.broadcast_(self.model.flat, root=0)
+        self.model.load_params()
+        mixer = _PullMixer if self.options.variant == "pull" else _PushSumMixer
+        self.mixer = mixer(self.transport, self.model.flat)
 
     @classmethod
     def make_transport(cls, named_parameters, options):
@@ -257,7 +262,7 @@ class Gossip(Strategy):
         else:
             self.held += 1
 
-    def synchronize(self) -> None:
+    def load_global_model(self) -> None:
         """Collective over the workers: every worker holds the exact mean model (see the module doc)."""
         start = self.clock()
         self.model.store_params()
@@ -268,7 +273,7 @@ class Gossip(Strategy):
     def stats(self) -> Dict:
         return {"staleness_mean": 0.0, "staleness_max": 0, "mixes": self.mixes, "mixes_held": self.held,
                 "bytes_moved": self.bytes_moved, "exchange_wait_seconds": self.wait_seconds,
-                "skipped_nonfinite": self.skipped_nonfinite, "push_sum_weight": self.mixer.weight()}
+                "skipped_nonfinite": self.skipped_nonfinite, "push_sum_weight": self.mixer.weight() if self.mixer else 1.0}
 
     def state_dict(self):
         return {"steps": self.steps, "mixes": self.mixes, "bytes_moved": self.bytes_moved,

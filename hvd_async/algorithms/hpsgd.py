@@ -30,16 +30,16 @@ default; at momentum 0 both reach 0.93.
 
 Choices made here:
 
-- ``synchronize()`` is collective. It ends the current window early: ``D = R - S`` if steps were
+- ``load_global_model()`` is collective. It ends the current window early: ``D = R - S`` if steps were
   taken since the last exchange, merge the exchange in flight, average ``D`` and merge it at once,
   ``R <- G``. Afterwards every worker holds the same parameters and nothing is in flight. Window
   boundaries stay at multiples of k (the position in the window is ``steps % k``), so after a
-  mid-window ``synchronize()`` the next boundary exchanges the rest of that window.
+  mid-window ``load_global_model()`` the next boundary exchanges the rest of that window.
 - ``state_dict()`` holds ``steps``, ``G`` and ``skipped_nonfinite``, and is only taken with nothing in
-  flight and ``R == G``, i.e. after ``synchronize()``; ``load_state_dict()`` sets ``G`` and the
+  flight and ``R == G``, i.e. after ``load_global_model()``; ``load_state_dict()`` sets ``G`` and the
   replica from it, and a resumed run continues at the same position in its window.
 - ``close()`` waits for the exchange in flight (every worker already started it, so no new
-  collective is needed) and drops it unmerged; the model keeps the replica. Call ``synchronize()``
+  collective is needed) and drops it unmerged; the model keeps the replica. Call ``load_global_model()``
   first to keep that change. The transport is closed by its owner.
 - Gradients holding NaN or infinity skip the local optimizer step; it still counts as a step so
   that windows stay aligned across workers (``stats()["skipped_nonfinite"]``, a warning).
@@ -107,7 +107,7 @@ class HPSGD(Strategy):
                                       algorithm="hpsgd", window=4)
         for x, y in batches:
             opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
-        opt.synchronize()  # every worker, e.g. at epoch end: identical parameters from here
+        opt.load_global_model()  # every worker, e.g. at epoch end: identical parameters from here
     """
 
     name = "hpsgd"
@@ -128,7 +128,6 @@ class HPSGD(Strategy):
                              f"{', '.join(dtypes)}; convert the model with model.to(dtype) before wrapping")
         with torch.no_grad():
             self._replica = torch.cat([p.detach().reshape(-1) for p in self._params])
-            transport.broadcast_(self._replica, root=0, name="hpsgd.init")
             start = 0
             for p in self._params:  # the parameters become views into the replica buffer
                 p.data = self._replica[start:start + p.numel()].view_as(p)
@@ -149,6 +148,12 @@ class HPSGD(Strategy):
         self.exchanges = 0
         self.exchange_wait_seconds = 0.0
         self._staleness_hist = [0, 0]  # merged exchanges by windows of staleness (0, 1)
+
+    def begin(self) -> None:
+        """R = G = worker 0's weights as they are now, on every worker."""
+        self.transport.broadcast_(self._replica, root=0, name="hpsgd.init")
+        self._global.copy_(self._replica)
+        self._start.copy_(self._replica)
 
     @property
     def global_model(self) -> torch.Tensor:
@@ -236,7 +241,7 @@ class HPSGD(Strategy):
             self.exchange_wait_seconds += self._end_window(blocking=not self.options.overlap)
         return loss
 
-    def synchronize(self) -> None:
+    def load_global_model(self) -> None:
         """Collective: merge the exchange in flight and this window's change so far; R <- G everywhere."""
         self._check_open()
         self._end_window(blocking=True)
@@ -251,7 +256,7 @@ class HPSGD(Strategy):
     def state_dict(self) -> Dict[str, Any]:
         self._check_open()
         if self._pending is not None or self._unexchanged:
-            raise RuntimeError("hpsgd state_dict() needs every change merged: call synchronize() on "
+            raise RuntimeError("hpsgd state_dict() needs every change merged: call load_global_model() on "
                                "every worker first (an exchange in flight is not saved)")
         return {"steps": self.steps, "global": self._global.detach().clone(),
                 "skipped_nonfinite": self.skipped_nonfinite}
@@ -259,7 +264,7 @@ class HPSGD(Strategy):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._check_open()
         if self._pending is not None:
-            raise RuntimeError("hpsgd load_state_dict() with an exchange in flight: call synchronize() first")
+            raise RuntimeError("hpsgd load_state_dict() with an exchange in flight: call load_global_model() first")
         saved = state["global"]
         if saved.numel() != self._global.numel():
             raise ValueError(f"state_dict holds a global model of {saved.numel()} elements, this model "

@@ -94,7 +94,10 @@ class _ServerExchange:
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="od-sgd-exchange")
         self.future = None
         self.pushes = 0
-        transport.publish_(model.flat)
+        self.model = model
+
+    def begin(self) -> None:
+        self.transport.publish_(self.model.flat)
 
     def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
         if grad is not None:
@@ -131,7 +134,7 @@ class _ServerExchange:
 
     def _idle(self, what: str) -> None:
         if self.future is not None:
-            raise RuntimeError(f"od-sgd {what}() with an exchange in flight: call synchronize() first")
+            raise RuntimeError(f"od-sgd {what}() with an exchange in flight: call load_global_model() first")
 
     def close(self) -> None:
         try:
@@ -149,7 +152,10 @@ class _AllreduceExchange:
         self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
         self.sgd, self.sgd_state = SGDRule(), {}
         self.handle, self.hyper = None, None
-        transport.broadcast_(model.flat, root=0, name="od-sgd.init")
+        self.model = model
+
+    def begin(self) -> None:
+        self.transport.broadcast_(self.model.flat, root=0, name="od-sgd.init")
 
     def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
         if grad is None:
@@ -170,11 +176,11 @@ class _AllreduceExchange:
         mean = total[:-1].div_(count)
         h = self.hyper
         self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[W.H_LR], momentum=h[W.H_MOMENTUM],
-                        weight_decay=h[W.H_WEIGHT_DECAY])
+                        weight_decay=h[W.H_WEIGHT_DECAY], nesterov=bool(h.get(W.H_NESTEROV, 0.0)))
 
     def state_dict(self) -> Dict:
         if self.handle is not None:
-            raise RuntimeError("od-sgd state_dict() with an exchange in flight: call synchronize() first")
+            raise RuntimeError("od-sgd state_dict() with an exchange in flight: call load_global_model() first")
         return {"sgd_state": _tensors_copy(self.sgd_state)}
 
     def load_state_dict(self, state: Dict) -> None:
@@ -228,7 +234,6 @@ class ODSGD(Strategy):
         self.global_w = torch.empty_like(self.model.flat)
         exchange = _ServerExchange if options.exchange == "window" else _AllreduceExchange
         self.exchange = exchange(transport, self.model, self.global_w)
-        self.model.load_params()
         self.global_w.copy_(self.model.flat)
         global_lr = float(optimizer.param_groups[0]["lr"])
         if options.local_optimizer is not None:
@@ -242,7 +247,7 @@ class ODSGD(Strategy):
         self._global_lr0 = global_lr
         self._local_lr0 = [group["lr"] for group in self.local_optimizer.param_groups]
         self.hist = np.zeros(W.HIST_BINS, dtype=np.int64)
-        self.fresh = True  # the local weights are the global ones (start, after synchronize)
+        self.fresh = True  # the local weights are the global ones (start, after load_global_model)
         self.skipped_nonfinite = 0
         self.wait_seconds = 0.0
 
@@ -301,7 +306,16 @@ class ODSGD(Strategy):
         self.steps += 1
         return loss
 
-    def synchronize(self) -> None:
+    runs_user_optimizer = False  # the wrapped SGD sets the global step, on the servers or all workers
+
+    def begin(self) -> None:
+        """Worker 0's weights as they are now: the global ones and every worker's."""
+        self.model.store_params()
+        self.exchange.begin()
+        self.model.load_params()
+        self.global_w.copy_(self.model.flat)
+
+    def load_global_model(self) -> None:
         """Collective over the workers: finish the exchange in flight, then every worker holds the
         latest global weights (the local correction is dropped) and nothing is pending."""
         start = self.clock()
@@ -326,7 +340,7 @@ class ODSGD(Strategy):
 
     def state_dict(self):
         """Counters, the local optimizer, the global weights and the exchange's state (the servers'
-        on worker 0): take it after ``synchronize()``."""
+        on worker 0): take it after ``load_global_model()``."""
         return {"steps": self.steps, "staleness_hist": self.hist.tolist(),
                 "skipped_nonfinite": self.skipped_nonfinite,
                 "local_optimizer": self.local_optimizer.state_dict(), "global_w": self.global_w.clone(),

@@ -82,7 +82,8 @@ class _FlatModel:
                 if p.grad is None:
                     self.grad[s].zero_()
                 else:
-                    self.grad[s].copy_(p.grad.detach().reshape(-1))
+                    grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                    self.grad[s].copy_(grad.detach().reshape(-1))
         return self.grad
 
 
@@ -114,25 +115,30 @@ def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
     (so schedulers work); raises where the server cannot apply what the optimizer says."""
     groups = optimizer.param_groups
     first = groups[0]
-    for key in ("nesterov", "maximize"):
-        if first.get(key, False):
-            raise ValueError(f"{algorithm}: {key}=True is not supported on the server; use {key}=False")
+    if first.get("maximize", False):
+        raise ValueError(f"{algorithm}: maximize=True is not supported on the server; minimise the "
+                         f"negated objective instead")
     if first.get("dampening", 0):
         raise ValueError(f"{algorithm}: dampening={first['dampening']} is not supported; use 0")
     for group in groups[1:]:
-        for key in ("lr", "momentum", "weight_decay"):
+        for key in ("lr", "momentum", "weight_decay", "nesterov"):
             if group.get(key) != first.get(key):
                 raise ValueError(f"{algorithm} applies one rate on the server: every param group "
                                  f"must share {key} (got {first.get(key)} and {group.get(key)})")
     return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
-            W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0))}
+            W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0)),
+            W.H_NESTEROV: float(bool(first.get("nesterov", False)))}
 
 
 def check_server_sgd(algorithm: str, optimizer) -> None:
     """The rule runs on the servers with SGD's hyperparameters: the wrapped optimizer must be SGD."""
     if not isinstance(optimizer, torch.optim.SGD):
+        from .. import registry
+
+        anything = [name for name in registry.NAMES if registry.strategy_class(name).runs_user_optimizer]
         raise TypeError(f"{algorithm} applies its SGD rule on the parameter servers: wrap a "
-                        f"torch.optim.SGD (got {type(optimizer).__name__}); asgd runs any optimizer")
+                        f"torch.optim.SGD (got {type(optimizer).__name__}); these run any optimizer: "
+                        f"{', '.join(anything)}")
     server_sgd_hyper(algorithm, optimizer)
 
 
@@ -153,7 +159,7 @@ def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
 
 def server_state_dict(transport) -> Dict:
     """The window transport's part of a state_dict: this worker's counters and, on worker 0, every
-    server shard (weights, versions, the rule's buffers); exact when taken after ``synchronize()``."""
+    server shard (weights, versions, the rule's buffers); exact when taken after ``load_global_model()``."""
     state = {"servers": transport.server_state()} if transport.rank == 0 else {}
     state["transport"] = transport.local_state()  # after server_state() sent the staleness counts due
     return state
@@ -263,7 +269,11 @@ class PSStrategy(Strategy):
         self.hist = np.zeros((transport.servers, W.HIST_BINS), dtype=np.int64)
         self.skipped_nonfinite = 0
         self.global_pushes = 0
-        transport.publish_(self.model.flat)  # worker 0's weights become the global ones
+
+    def begin(self) -> None:
+        """Worker 0's weights as they are now become the global ones, and every worker's."""
+        self.model.store_params()
+        self.transport.publish_(self.model.flat)
         self.model.load_params()
 
     @classmethod
@@ -302,12 +312,12 @@ class PSStrategy(Strategy):
         raise NotImplementedError
 
     def progress(self) -> int:
-        """Pushes applied by all workers together, as last seen by this worker (after ``synchronize()``:
+        """Pushes applied by all workers together, as last seen by this worker (after ``load_global_model()``:
         the servers' count, the same on every worker)."""
         return self.global_pushes
 
     def _settle_progress(self) -> None:
-        """Inside ``synchronize()``, between two barriers of the workers (every push has landed and
+        """Inside ``load_global_model()``, between two barriers of the workers (every push has landed and
         none is made): read the servers' count, the same on every worker."""
         self.global_pushes = int(self.transport.read_stats()[0]["pushes"])
 
@@ -318,7 +328,7 @@ class PSStrategy(Strategy):
                 "skipped_nonfinite": self.skipped_nonfinite}
 
     def state_dict(self):
-        """Counters, and the servers' whole state (on worker 0): take it after ``synchronize()``."""
+        """Counters, and the servers' whole state (on worker 0): take it after ``load_global_model()``."""
         state = {"steps": self.steps, "staleness_hist": self.hist.tolist(),
                  "skipped_nonfinite": self.skipped_nonfinite, "global_pushes": self.global_pushes}
         state.update(server_state_dict(self.transport))
@@ -368,7 +378,7 @@ class ASGD(PSStrategy):
             self.transport.pull(self.model.flat, after_push=True)
             self.model.load_params()
 
-    def synchronize(self) -> None:
+    def load_global_model(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""
         self.transport.barrier()
         self.transport.pull(self.model.flat)
@@ -385,6 +395,7 @@ class _MailboxStrategy(PSStrategy):
     """Worker side of the algorithms whose rule runs on the server: push g, receive new weights."""
 
     mode = "mailbox"
+    runs_user_optimizer = False  # the rule's SGD runs on the servers
     compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
 
     @classmethod
@@ -408,7 +419,7 @@ class _MailboxStrategy(PSStrategy):
             self.skipped_nonfinite += 1
         self.global_pushes = int(answers[0, W.R_PUSHES])
 
-    def synchronize(self) -> None:
+    def load_global_model(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""
         mailbox_snapshot(self.transport, self.model.flat, while_idle=self._settle_progress)
         self.model.load_params()
@@ -608,7 +619,7 @@ class _MailboxProgram:
 
     def step_kwargs(self, header) -> Dict:
         return {"lr": float(header[W.H_LR]), "momentum": float(header[W.H_MOMENTUM]),
-                "weight_decay": float(header[W.H_WEIGHT_DECAY])}
+                "weight_decay": float(header[W.H_WEIGHT_DECAY]), "nesterov": bool(header[W.H_NESTEROV])}
 
     def on_push(self, worker, grad, header) -> None:
         raise NotImplementedError
@@ -691,7 +702,7 @@ class _SoftSyncProgram(_MailboxProgram):
     def state_dict(self) -> Dict:
         if self.pending:
             raise RuntimeError(f"{len(self.pending)} gradient(s) wait for the "
-                               f"aggregate; save after synchronize() on every worker")
+                               f"aggregate; save after load_global_model() on every worker")
         return super().state_dict()
 
     def on_leave(self, worker) -> None:

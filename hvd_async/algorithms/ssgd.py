@@ -9,7 +9,7 @@ workers submit the same collectives. With a single worker nothing is exchanged (
 fp16 compression does not round the gradients then).
 """
 import logging
-from contextlib import contextmanager
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,10 @@ class SSGDOptions:
     backward_passes_per_step: int = 1
     compression: Any = None
     op: Any = "average"
+    gradient_predivide_factor: float = 1.0
+    sparse_as_dense: bool = False
+    num_groups: int = 0  # Horovod's fusion groups: accepted; Horovod's fusion buffer batches anyway
+    groups: Any = None
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
@@ -57,6 +61,10 @@ class SSGD(Strategy):
         backward_passes_per_step: backward passes accumulated locally per ``step()`` (default 1).
         compression: 'none' (default), 'fp16', or a ``hvd.Compression`` class.
         op: 'average' (default) or 'sum' (``hvd.Average`` / ``hvd.Sum`` accepted).
+        gradient_predivide_factor: gradients scaled by 1/f before the sum and by f after (Horovod's).
+        sparse_as_dense: densify sparse gradients before the allreduce; without it a sparse
+            gradient is reduced by Horovod's sparse allreduce (an allgather), as Horovod does.
+        num_groups, groups: Horovod's fusion groups; accepted, with no effect on the result.
     """
 
     name = "ssgd"
@@ -70,15 +78,19 @@ class SSGD(Strategy):
         self._delay = {p: options.backward_passes_per_step for p in self._trainable}
         self._handles = {}  # parameter -> (handle or None, compression context)
         self._synchronized = False
-        self._should_synchronize = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
         self.skipped_nonfinite = 0
 
     def _allreduce_async(self, p):
+        name, op, factor = f"ssgd.{self._names[p]}", self.options.op, self.options.gradient_predivide_factor
+        if p.grad.is_sparse:
+            if not self.options.sparse_as_dense:  # Horovod's sparse allreduce (indices and values)
+                return self.transport.sparse_allreduce_async(p.grad, name=name, op=op), None
+            p.grad = p.grad.to_dense()
+        if factor != 1.0:
+            p.grad.mul_(1.0 / factor)
         compressed, ctx = self.options.compression.compress(p.grad)
-        handle = self.transport.allreduce_async_(compressed, name=f"ssgd.{self._names[p]}",
-                                                 op=self.options.op)
-        return handle, ctx
+        return self.transport.allreduce_async_(compressed, name=name, op=op), ctx
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if self._handles.get(p, (None,))[0] is not None and self._delay[p] <= 0:
@@ -94,24 +106,26 @@ class SSGD(Strategy):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 self._handles[p] = self._allreduce_async(p)
+        factor = self.options.gradient_predivide_factor
         for p, (handle, ctx) in self._handles.items():
             output = self.transport.synchronize(handle)
             self._delay[p] = self.options.backward_passes_per_step
+            if output.is_sparse:
+                p.grad = output
+                continue
             p.grad.set_(self.options.compression.decompress(output, ctx))
+            if factor != 1.0:
+                p.grad.mul_(factor)
         self._handles.clear()
         self._synchronized = True
 
-    @contextmanager
-    def skip_synchronize(self):
-        """Use after an explicit ``synchronize()`` (e.g. to clip gradients) so step() does not repeat it."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
     def step(self, closure=None):
         if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() after optimizer.synchronize() without the "
+                              "optimizer.skip_synchronize() context reduces the gradients a second "
+                              "time (slower); step inside 'with optimizer.skip_synchronize():'",
+                              stacklevel=3)
             self.synchronize()
         self._synchronized = False
         self.steps += 1

@@ -10,8 +10,9 @@ from .base import Rule
 
 class SGDRule(Rule):
     """``buf <- momentum * buf + (g + wd * w)``; ``w <- w - lr * buf`` (``buf = g + wd * w`` without
-    momentum), as ``torch.optim.SGD`` with ``dampening=0, nesterov=False``. Staleness and worker
-    are ignored.
+    momentum; with ``nesterov``: ``w <- w - lr * (g + wd * w + momentum * buf)``), as
+    ``torch.optim.SGD`` with ``dampening=0``. Staleness and worker are ignored. Any rate the
+    optimizer holds is applied as it is (a schedule may anneal it to 0; torch checks it).
 
     Example::
 
@@ -22,9 +23,7 @@ class SGDRule(Rule):
     name = "sgd"
 
     def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
-               weight_decay=0.0):
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+               weight_decay=0.0, nesterov=False):
         if weight_decay:
             grad = grad.add(weights, alpha=weight_decay)
         if momentum:
@@ -33,7 +32,7 @@ class SGDRule(Rule):
                 buf = state["momentum_buffer"] = grad.clone()
             else:
                 buf.mul_(momentum).add_(grad)
-            grad = buf
+            grad = grad.add(buf, alpha=momentum) if nesterov else buf
         return weights.add_(grad, alpha=-lr)
 
 

@@ -6,7 +6,7 @@ Each worker builds what a real worker builds (``data.load_dataset``, ``models.bu
 samplers; dbs-asgd draws from :class:`~hvd_async.sampling.SharedCursorBatches` through the simulated
 cursor) and runs the same epochs: the parameter-server algorithms push until the global progress
 reaches ``epoch x`` batches-in-one-pass (at least one batch each), the others take one pass of their ``DistributedSampler``;
-then ``synchronize()`` and an evaluation of the test split, each worker taking every N-th sample.
+then ``load_global_model()`` and an evaluation of the test split, each worker taking every N-th sample.
 
 Before each step the worker's clock moves on by its compute time (drawn from its
 :class:`~hvd_async.sim.delays.DelayModel`, scaled by the batch over the nominal one); the step's
@@ -147,6 +147,7 @@ class _Worker:
                               weight_decay=args.weight_decay)
         self.opt = DistributedOptimizer(sgd, named_parameters=self.model.named_parameters(), algorithm=args.algo,
                                         transport=transport, **algorithm_options(args))
+        self.opt._begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
         self.servers = args.servers > 0
         self.source = WorkerBatches(len(self.splits.train), args.batch_size, rank=rank, workers=args.workers,
                                     seed=args.seed, strategy=self.opt.strategy, servers=self.servers,
@@ -220,8 +221,7 @@ class _Worker:
             steps, samples = steps + t["steps"], samples + t["samples"]
             train_seconds += t["seconds"]
             wait_total += t["wait"]
-            if args.algo != "ssgd":
-                self.opt.synchronize()
+            self.opt.load_global_model()
             if comm.allreduce(int(t["nonfinite"]), op="max"):
                 raise TrainingStopped(
                     f"stopped in epoch {epoch}: {args.max_nonfinite} gradients in a row held NaN or infinity "

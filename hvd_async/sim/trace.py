@@ -3,7 +3,7 @@
 Opt-in: with ``HVD_ASYNC_WINDOW_TRACE=DIR`` in the environment every accumulate-mode
 :class:`~hvd_async.transport.window.WindowTransport` (asgd, dbs-asgd, easgd) writes
 ``DIR/worker-R.jsonl`` (one JSON line per exchange, in order) and, at ``close()``, ``DIR/worker-R.npy``:
-the buffer of its last pull (after the training job's final ``synchronize()``: the final global
+the buffer of its last pull (after the training job's final ``load_global_model()``: the final global
 weights). ``hvd-async simulate --trace-out DIR`` writes the same files from the simulator, and
 ``--replay DIR`` makes each simulated push wait for the place the recorded one took.
 

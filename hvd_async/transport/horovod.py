@@ -31,8 +31,15 @@ class HorovodTransport(CollectiveTransport):
         self._check_open()
         return self._hvd.allreduce_async_(tensor, name=name, op=self._ops[op])
 
+    def sparse_allreduce_async(self, tensor: torch.Tensor, *, name: str, op: ReduceOp) -> Any:
+        """Start Horovod's sparse allreduce (an allgather of indices and values); returns a handle."""
+        self._check_open()
+        return self._hvd.sparse_allreduce_async(tensor, name=name, op=self._ops[op])
+
     def synchronize(self, handle) -> torch.Tensor:
         self._check_open()
+        if callable(handle):  # a sparse allreduce's handle: a function that waits and assembles
+            return handle()
         return self._hvd.synchronize(handle)
 
     def broadcast_(self, tensor: torch.Tensor, *, root: int, name: str) -> torch.Tensor:

@@ -58,7 +58,7 @@ META_TABLE = META_CURSOR + 1
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
 # header a worker sends with each mailbox request (float64)
-H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_LEN = range(8)
+H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_NESTEROV, H_LEN = range(9)
 KIND_PUSH, KIND_PULL, KIND_IDLE, KIND_RESUME = 0, 1, 2, 3
 # the server's answer (float64)
 R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
@@ -484,7 +484,7 @@ class WindowTransport(Transport):
     # --- checkpoints ---------------------------------------------------------------------------
     def server_state(self) -> List[Dict[str, Any]]:
         """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
-        rule's buffers): consistent when no worker is pushing, e.g. after ``synchronize()``."""
+        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``."""
         self._check_idle()
         self._send_hist()
         for k in range(self.servers):

@@ -116,8 +116,8 @@ def _gossip_run(steps, *, lr, sync_at=(), record=None, **options):
         model.loss(rank, step).backward()
         opt.step()
         if step in sync_at:
-            opt.synchronize()
-    opt.synchronize()
+            opt.load_global_model()
+    opt.load_global_model()
     final = model.w.detach().clone()
     stats = opt.stats()
     opt.close()
@@ -199,11 +199,11 @@ def _easgd_run(steps, *, lr, sync_at=(), resume=True, **options):
         model.loss(rank, step).backward()
         opt.step()
         if step in sync_at:
-            opt.synchronize()
+            opt.load_global_model()
             if resume:
                 opt.strategy.resume_local()
     local = model.w.detach().double().clone()
-    opt.synchronize()
+    opt.load_global_model()
     centre = model.w.detach().double().clone()
     stats = opt.stats()
     opt.strategy.resume_local()

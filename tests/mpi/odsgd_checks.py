@@ -32,8 +32,8 @@ def _train(steps=STEPS, *, lr, momentum=0.0, weight_decay=0.0, nan_at=None, sync
         opt.step()
         local.append(model.w.detach().double().clone())
         if t in sync_at:
-            opt.synchronize()
-    opt.synchronize()
+            opt.load_global_model()
+    opt.load_global_model()
     final = model.w.detach().double().clone()
     stats = opt.stats()
     opt.close()

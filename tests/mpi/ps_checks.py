@@ -101,7 +101,7 @@ def _round_robin(opt, param, grads, *, rounds, losses=None):
             param.grad = grads[turn].clone()
             opt.step(loss=None if losses is None else losses[turn])
         ha.worker_comm().Barrier()
-    opt.synchronize()
+    opt.load_global_model()
     return param.detach().clone()
 
 
@@ -247,7 +247,7 @@ def equivalences():
             opt.step()
         if algorithm != "ssgd":
             check(opt.stats()["staleness_max"] == 0, "1-softsync reported stale gradients")
-            opt.synchronize()
+            opt.load_global_model()
         opt.close()
         return param.detach().clone()
 

@@ -50,7 +50,7 @@ def main(epochs: int, serial: bool) -> None:
             loss.backward()
             with mutex:
                 opt.step(loss=loss.detach())
-        opt.synchronize()
+        opt.load_global_model()
     if serial:
         mutex.free()
     opt.close()

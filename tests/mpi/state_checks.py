@@ -41,7 +41,7 @@ def same(a, b, where="state"):
 
 
 def servers_of(state):
-    strategy = state["strategy"]
+    strategy = state["algorithm"]["strategy"]
     return strategy["servers"] if "servers" in strategy else strategy["exchange"]["servers"]
 
 
@@ -56,6 +56,11 @@ def train(opt, model, steps, seed):
         opt.step(loss=loss.detach())
 
 
+def full_state(opt):
+    """The optimizer's state (torch's format) and the algorithm's (counters, server shards)."""
+    return {"optimizer": opt.state_dict(), "algorithm": opt.algorithm_state_dict()}
+
+
 def round_trip(algorithm):
     def run():
         rank = ha.rank()
@@ -67,16 +72,16 @@ def round_trip(algorithm):
         opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                       named_parameters=model.named_parameters(), algorithm=algorithm, **options)
         train(opt, model, 7, seed=100 + rank)
-        opt.synchronize()
-        saved = opt.state_dict()
+        opt.load_global_model()
+        saved = full_state(opt)
         ha.worker_comm().Barrier()  # nobody pushes while worker 0 reads the servers
         with_servers = algorithm not in SERVERLESS and ha.num_servers() > 0
         saved_model = {k: v.clone() for k, v in model.state_dict().items()}
         if rank == 0 and with_servers:
             check(len(servers_of(saved)) == ha.num_servers(), "worker 0 holds every shard")
         train(opt, model, 5, seed=200 + rank)
-        opt.synchronize()
-        moved = opt.state_dict()
+        opt.load_global_model()
+        moved = full_state(opt)
         ha.worker_comm().Barrier()
         if rank == 0 and with_servers:
             try:
@@ -85,13 +90,14 @@ def round_trip(algorithm):
             except AssertionError as exc:
                 check("did not move" not in str(exc), str(exc))
         model.load_state_dict(saved_model)
-        opt.load_state_dict(saved)
-        same(saved, opt.state_dict(), f"{algorithm} state after load")
+        opt.load_state_dict(saved["optimizer"])
+        opt.load_algorithm_state_dict(saved["algorithm"])
+        same(saved, full_state(opt), f"{algorithm} state after load")
         for name, value in model.state_dict().items():
             check(torch.equal(value, saved_model[name]), f"{algorithm}: model {name} changed by the load")
         ha.worker_comm().Barrier()  # worker 0 has read the servers before anyone pushes again
         train(opt, model, 2, seed=300 + rank)  # it trains on from there
-        opt.synchronize()
+        opt.load_global_model()
         opt.close()
     return run
 
@@ -101,11 +107,11 @@ def foreign_state():
     model = torch.nn.Linear(6, 3)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                   algorithm="dc-asgd")
-    opt.synchronize()
-    state = opt.state_dict()
+    opt.load_global_model()
+    state = opt.algorithm_state_dict()
     wrong = dict(state, algorithm="asgd")
     try:
-        opt.load_state_dict(wrong)
+        opt.load_algorithm_state_dict(wrong)
         check(False, "loaded another algorithm's state")
     except ValueError as exc:
         check("from algorithm 'asgd'" in str(exc), str(exc))
@@ -122,7 +128,7 @@ def foreign_state():
             check(False, "loaded a shard of another size")
         except ValueError as exc:
             check("the checkpoint is from another model or server count" in str(exc), str(exc))
-    opt.synchronize()
+    opt.load_global_model()
     opt.close()
 
 

@@ -130,7 +130,7 @@ def _drive(case: Case, on_step=None, wrap=None):
         pushed += on_step(opt, g) if on_step is not None else g.double()
         opt.step(loss=float(case.rng.uniform(0.5, 2.0)))
         for _ in range(case.sync_at.count(i)):
-            opt.synchronize()
+            opt.load_global_model()
     return opt, params, pushed
 
 
@@ -180,7 +180,7 @@ def parameter_server():
         return g.double() * (used / NOMINAL_BATCH)
 
     opt, params, pushed = _drive(case, dbs_step if case.algo == "dbs-asgd" else None)
-    opt.synchronize()
+    opt.load_global_model()
     total, t = _total(pushed), opt.strategy.transport
     _exact(_flat(params), integer_init().double().numpy() - total, f"{case.algo}: global weights lost updates")
     pushes = ha.worker_comm().allreduce(case.steps)
@@ -198,7 +198,7 @@ def one_step_delay():
     """od-sgd: the global weights are the start less every step's mean gradient, exactly."""
     case = CASE
     opt, params, pushed = _drive(case)
-    opt.synchronize()
+    opt.load_global_model()
     expected = integer_init().double().numpy() - _total(pushed) / ha.size()
     _exact(_flat(params), expected, "od-sgd: global weights off the sum of the steps' mean gradients")
     pushes = ha.worker_comm().allreduce(case.steps)
@@ -253,7 +253,7 @@ def elastic():
         transport.accumulate = recording
 
     opt, params, _ = _drive(case, wrap=wrap)
-    opt.synchronize()  # the model holds the centre
+    opt.load_global_model()  # the model holds the centre
     total, size, n = moves.totals()
     init = integer_init().double().numpy()
     err = _within_rounding(_flat(params).double().numpy(), init + total, n + 1, np.abs(init) + size,
@@ -298,7 +298,7 @@ def gossip():
         err = _within_rounding(sum_x, workers * init + total, mixes + case.syncs * (workers + 2) + 1,
                                workers * np.abs(init) + size, f"push-sum: sum x, after {mixes} pushes,")
         check(abs(sum_s - workers) < 1e-9, f"push-sum: weights sum to {sum_s!r}, not {workers}")
-    opt.synchronize()
+    opt.load_global_model()
     final = _flat(params)
     everyone = t.allgather_object(final)
     check(bool(torch.isfinite(final).all()), "gossip: non-finite weights after synchronize")

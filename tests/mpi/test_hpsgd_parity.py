@@ -45,7 +45,7 @@ def test_fixed_gradients_match_hand_recurrence(overlap):
                                    msg=f"replica of rank {rank} after step {t}")
         torch.testing.assert_close(opt.strategy.global_model.double(), want_g, rtol=0, atol=1e-5,
                                    msg=f"global model on rank {rank} after step {t}")
-    opt.synchronize()
+    opt.load_global_model()
     torch.testing.assert_close(w.detach().double(), want_final, rtol=0, atol=1e-5)
     assert _all_ranks_equal([w])
     stats = opt.stats()
@@ -97,7 +97,7 @@ def test_window_one_without_overlap_equals_plain_horovod():
     stale_model = _model()
     stale = _hpsgd(stale_model, window=1, overlap=True)
     _train(stale, stale_model, batches)
-    stale.synchronize()
+    stale.load_global_model()
     stale.close()
     same = torch.allclose(next(stale_model.parameters()), next(ref_model.parameters()), rtol=1e-5, atol=1e-6)
     assert same == (hvd.size() == 1)
@@ -109,7 +109,7 @@ def test_replicas_differ_mid_window_and_agree_after_synchronize():
     opt = _hpsgd(model, window=4)
     _train(opt, model, _batches(STEPS))
     assert not _all_ranks_equal(model.parameters())
-    opt.synchronize()
+    opt.load_global_model()
     assert _all_ranks_equal(model.parameters())
     opt.close()
 

@@ -333,11 +333,11 @@ def test_distributed_optimizer_arguments():
     _raises_one_line(ValueError, "unknown algorithm 'dcasgd'; choose one of: ssgd, asgd, dc-asgd",
                      lambda: make_optimizer("dcasgd"))
     _raises_one_line(TypeError, "dc-asgd applies its SGD rule on the parameter servers: wrap a torch.optim.SGD "
-                                "(got Adam); asgd runs any optimizer",
+                                "(got Adam); these run any optimizer: ssgd, asgd, hpsgd, gossip, easgd, dbs-asgd",
                      lambda: make_optimizer("dc-asgd", torch.optim.Adam))
-    _raises_one_line(ValueError, "softsync: nesterov=True is not supported on the server; use nesterov=False",
+    _raises_one_line(ValueError, "softsync: maximize=True is not supported on the server; minimise the negated",
                      lambda: make_optimizer("softsync", lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9,
-                                                                                         nesterov=True)))
+                                                                                         maximize=True)))
 
 
 @pytest.mark.parametrize("servers", ["1", -1, True, 1.5, None])

@@ -28,7 +28,7 @@ def test_guide_example_runs_with_a_parameter_server():
     assert result.returncode == 0, result.out[-4000:]
     found = dict(re.findall(r"worker (\d) of 2: dc-asgd test accuracy ([0-9.]+)", result.out))
     assert sorted(found) == ["0", "1"], result.out[-2000:]
-    # opt.synchronize() left the same global weights on both workers: the same accuracy
+    # opt.load_global_model() left the same global weights on both workers: the same accuracy
     assert len(set(found.values())) == 1 and float(found["0"]) > 0.8, found
 
 

@@ -52,7 +52,7 @@ def test_fixed_gradients_match_hand_recurrence(overlap, keep_own):
             w.grad = _grad(rank, t).float()
             opt.step()
             trace[rank].append((w.detach().clone(), opt.strategy.global_model.clone()))
-        opt.synchronize()
+        opt.load_global_model()
         final[rank] = (w.detach().clone(), opt.strategy.global_model.clone())
         opt.close()
 
@@ -100,7 +100,7 @@ def _train(algorithm, steps, momentum=0.0, workers=WORKERS, seed=0, **options):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-        opt.synchronize()
+        opt.load_global_model()
         out[rank] = ([p.detach().clone() for p in model.parameters()], opt.stats(), opt.progress())
         opt.close()
 
@@ -137,7 +137,7 @@ def test_synchronize_makes_workers_identical():
             F.cross_entropy(model(x), y).backward()
             opt.step()
         before[rank] = model.weight.detach().clone()
-        opt.synchronize()
+        opt.load_global_model()
         after[rank] = model.weight.detach().clone()
         assert torch.equal(after[rank].reshape(-1), opt.strategy.global_model[:after[rank].numel()])
         opt.close()
@@ -240,7 +240,7 @@ def test_nonfinite_on_one_worker_keeps_windows_aligned():
         for t in range(5):
             w.grad = torch.full((3,), float("inf") if (rank, t) == (1, 1) else 1.0)
             opt.step()
-        opt.synchronize()
+        opt.load_global_model()
         out[rank] = (w.detach().clone(), opt.stats()["skipped_nonfinite"])
         opt.close()
 
@@ -266,21 +266,23 @@ def _resume_run(save_at, total, state=None):
                                    transport=group.transport(rank), window=3)
         first = 0
         if state is not None:
-            opt.load_state_dict(torch.load(io.BytesIO(state[rank])))
+            saved_state = torch.load(io.BytesIO(state[rank]))
+            opt.load_state_dict(saved_state["optimizer"])
+            opt.load_algorithm_state_dict(saved_state["algorithm"])
             first = save_at
         for step in range(first, total):
             if step == save_at and state is None:
-                with pytest.raises(RuntimeError, match=r"call synchronize\(\) on every worker first"):
-                    opt.state_dict()
-                opt.synchronize()
+                with pytest.raises(RuntimeError, match=r"call load_global_model\(\) on every worker first"):
+                    opt.algorithm_state_dict()
+                opt.load_global_model()
                 buf = io.BytesIO()
-                torch.save(opt.state_dict(), buf)
+                torch.save({"optimizer": opt.state_dict(), "algorithm": opt.algorithm_state_dict()}, buf)
                 saved[rank] = buf.getvalue()
             x, y = _data(rank, step)
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-        opt.synchronize()
+        opt.load_global_model()
         out[rank] = ([p.detach().clone() for p in model.parameters()], opt.strategy.steps)
         opt.close()
 
@@ -335,7 +337,7 @@ def test_close_waits_for_exchange_in_flight_and_blocks_further_use():
         with pytest.raises(RuntimeError, match="closed"):
             opt.step()
         with pytest.raises(RuntimeError, match="closed"):
-            opt.synchronize()
+            opt.load_global_model()
         # The transport is not closed and has nothing left half-done: the same names work again.
         out[rank] = transport.allreduce_(torch.ones(1) * rank, name="hpsgd.delta.0", op=ReduceOp.SUM)
         out[("w", rank)] = w.detach().clone()
@@ -354,5 +356,5 @@ def test_zero_grad_between_steps_is_allowed():
         assert w.grad is None
         w.grad = torch.ones(2)
         opt.step()
-    opt.synchronize()
+    opt.load_global_model()
     assert opt.stats()["exchanges"] == 2

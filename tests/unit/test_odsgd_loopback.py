@@ -25,7 +25,7 @@ def _train(group, rank, out, *, lr, momentum, weight_decay, steps=STEPS, **optio
         model.loss(rank, t).backward()
         opt.step()
         out[("local", t, rank)] = model.w.detach().double().clone()
-    opt.synchronize()
+    opt.load_global_model()
     out[("global", rank)] = model.w.detach().double().clone()
     out[("stats", rank)] = opt.stats()
     opt.close()
@@ -106,7 +106,7 @@ def test_nonfinite_gradient_is_not_exchanged_or_applied():
             if rank == 1 and t == 1:
                 model.w.grad[2] = float("nan")
             opt.step()
-        opt.synchronize()
+        opt.load_global_model()
         out[rank] = (model.w.detach().clone(), opt.stats())
         opt.close()
 

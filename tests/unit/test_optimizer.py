@@ -32,20 +32,30 @@ def test_forwards_param_groups_and_works_with_lr_scheduler():
     assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
 
 
-def test_state_dict_round_trip_includes_strategy_state():
+def test_state_dict_is_torchs_and_the_algorithm_state_round_trips_apart():
     model, opt = _setup()
     for _ in range(3):
         _step(model, opt)
     state = opt.state_dict()
-    assert state["algorithm"] == "ssgd" and state["strategy"]["steps"] == 3
-    assert state["optimizer"]["state"], "momentum buffers missing"
+    assert set(state) == {"state", "param_groups"}, "torch's own format, as hvd.broadcast_optimizer_state needs"
+    assert state["state"], "momentum buffers missing"
+    algo = opt.algorithm_state_dict()
+    assert algo["algorithm"] == "ssgd" and algo["strategy"]["steps"] == 3
     model2, opt2 = _setup()
+    plain = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    plain.load_state_dict(state)  # a plain optimizer takes it as it is
     opt2.load_state_dict(state)
+    opt2.load_algorithm_state_dict(algo)
     assert opt2.strategy.steps == 3
     buf = opt2.optimizer.state_dict()["state"][0]["momentum_buffer"]
-    assert torch.equal(buf, state["optimizer"]["state"][0]["momentum_buffer"])
-    with pytest.raises(ValueError, match="not a hvd_async.DistributedOptimizer state_dict"):
-        opt2.load_state_dict(opt2.optimizer.state_dict())
+    assert torch.equal(buf, state["state"][0]["momentum_buffer"])
+    legacy = {"algorithm": "ssgd", "optimizer": state, "strategy": {"steps": 5}}  # written by 0.1's state_dict()
+    opt2.load_state_dict(legacy)
+    assert opt2.strategy.steps == 5
+    with pytest.raises(ValueError, match="not an optimizer state_dict"):
+        opt2.load_state_dict({"steps": 3})
+    with pytest.raises(ValueError, match="from algorithm 'asgd', this optimizer runs 'ssgd'"):
+        opt2.load_algorithm_state_dict(dict(algo, algorithm="asgd"))
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

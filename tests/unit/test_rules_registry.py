@@ -12,9 +12,29 @@ def test_sgd_rule_hand_computed():
     assert torch.allclose(w, torch.tensor([0.95, 2.1, -3.2]))
 
 
-def test_sgd_rule_rejects_bad_lr():
-    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
-        SGDRule().apply_(torch.zeros(2), torch.zeros(2), {}, lr=0)
+def test_sgd_rule_applies_a_rate_annealed_to_zero():
+    """A schedule may take the rate to 0 (CosineAnnealingLR): the rule applies it, it does not raise
+    (a server that raised here ended the job)."""
+    w, state = torch.tensor([1.0, -2.0]), {}
+    SGDRule().apply_(w, torch.tensor([0.5, 0.5]), state, lr=0.0, momentum=0.9, weight_decay=0.1)
+    assert torch.equal(w, torch.tensor([1.0, -2.0])) and "momentum_buffer" in state
+
+
+def test_sgd_rule_nesterov_matches_torch():
+    torch.manual_seed(0)
+    w0, grads = torch.randn(5), [torch.randn(5) for _ in range(4)]
+    p = torch.nn.Parameter(w0.clone())
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
+    w, state = w0.clone(), {}
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        SGDRule().apply_(w, g, state, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)
+    torch.testing.assert_close(w, p.detach(), rtol=0, atol=1e-6)
+    plain, state = w0.clone(), {}
+    for g in grads:
+        SGDRule().apply_(plain, g, state, lr=0.1, momentum=0.9, weight_decay=0.01)
+    assert not torch.allclose(plain, w, atol=1e-4), "nesterov made no difference"
 
 
 def test_mean_is_exact_average_in_order():

@@ -1,0 +1,39 @@
+"""The drop-in promise under mpirun: Horovod's calls and options against hvd_async's optimizer for every
+algorithm (tests/mpi/dropin_checks.py) at 2 and 3 workers, shared memory on and off; a Horovod
+script with three changed lines; a fault on a server ends the job at once."""
+import re
+import time
+
+import pytest
+
+from procs import mpirun, python
+
+CHECKS = ("DROPIN CHECKS OK broadcast rank0_load clipping_and_accumulation step_after_synchronize_warns "
+          "options sparse_embeddings names_and_requires_grad lr_annealed_to_zero")
+
+
+@pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (4, 1, True), (2, 0, False)])
+def test_horovod_idioms_under_every_algorithm(np, servers, no_shm):
+    result = mpirun(np, python("tests/mpi/dropin_checks.py"), no_shm=no_shm, env={"SERVERS": str(servers)},
+                    timeout=420)
+    assert result.returncode == 0, result.out[-6000:]
+    assert CHECKS in result.out, result.out[-3000:]
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_a_horovod_script_with_three_changed_lines(np):
+    result = mpirun(np, python("tests/mpi/serve_job.py"), timeout=120)
+    assert result.returncode == 0, result.out[-4000:]
+    done = re.findall(r"WORKER (\d) of (\d) DONE finite=True", result.out)
+    assert sorted(done) == [(str(r), str(np - 1)) for r in range(np - 1)], result.out[-3000:]
+
+
+def test_an_exception_on_a_server_ends_the_job_at_once():
+    start = time.monotonic()
+    result = mpirun(3, python("tests/mpi/serve_job.py"), env={"FAULT": "1"}, timeout=90)
+    took = time.monotonic() - start
+    assert result.returncode != 0, result.out[-3000:]
+    assert ("hvd_async: server 0 (world rank 0) failed, ending the job: RuntimeError: injected fault in the "
+            "server program") in result.out, result.out[-3000:]
+    assert "WORKER" not in result.out, "the workers finished although the server failed"
+    assert took < 30, f"the job took {took:.0f} s to end after the server's fault"
