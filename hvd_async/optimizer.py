@@ -190,9 +190,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return f"DistributedOptimizer(algorithm={self.algorithm!r}, optimizer={self.optimizer!r})"
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
         """Collective over the workers, once: the exchange starts from worker 0's weights as they
-        are now (after the user's broadcasts or checkpoint load)."""
+        are now (after the user's broadcasts or checkpoint load). The first ``step()``,
+        ``load_global_model()`` or ``close()`` calls it; call it yourself where every worker must
+        have started before the first step (e.g. steps taken under a lock of the workers)."""
         if not self._begun:
             self._begun = True
             self.strategy.begin()
@@ -202,7 +204,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the parameter-server algorithms send with the push (lc-asgd needs it)."""
         if _called_by_horovod_state_broadcast():
             return self.strategy.init_optimizer_state()
-        self._begin()
+        self.begin()
         if self.horovod_options.sparse_as_dense and self.algorithm != "ssgd":  # (ssgd: in its hooks)
             for group in self.optimizer.param_groups:
                 for p in group["params"]:
@@ -229,7 +231,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Collective over the workers: every worker's model becomes the global one (the servers'
         weights, easgd's centre, gossip's exact average, hpsgd's merged model; ssgd's workers hold
         it already). Call it on every worker before evaluating or saving the model."""
-        self._begin()
+        self.begin()
         self.strategy.load_global_model()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -271,7 +273,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The algorithm's own state (counters; on worker 0 the servers' shards: weights, versions,
         the rules' buffers), for exact resume. Take it on every worker after
         :meth:`load_global_model` (nothing in flight)."""
-        self._begin()
+        self.begin()
         return {"algorithm": self.algorithm, "strategy": self.strategy.state_dict()}
 
     def load_algorithm_state_dict(self, state: Dict[str, Any]) -> None:
@@ -283,9 +285,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if state["algorithm"] != self.algorithm:
             raise ValueError(f"the state is from algorithm {state['algorithm']!r}, this optimizer "
                              f"runs {self.algorithm!r}")
-        self._begin()
+        self.begin()
         self.strategy.load_state_dict(state["strategy"])
 
     def close(self) -> None:
-        self._begin()  # a worker that never stepped still meets the others' first exchange
+        self.begin()  # a worker that never stepped still meets the others' first exchange
         self.strategy.close()

@@ -153,7 +153,7 @@ class _Job:
             torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                             weight_decay=args.weight_decay),
             named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
-        self.opt._begin()  # parameters were broadcast above: start the exchange now, not at step 1
+        self.opt.begin()  # parameters were broadcast above: start the exchange now, not at step 1
         self.uses_servers = ha.num_servers() > 0
         self.source = WorkerBatches(len(splits.train), args.batch_size, rank=rank, workers=workers, seed=args.seed,
                                     strategy=self.opt.strategy, servers=self.uses_servers,

@@ -41,8 +41,8 @@ def assert_same_training_state(a, b):
     for worker, (x, y) in enumerate(zip(a["workers"], b["workers"])):
         for name in x["model"]:
             assert torch.equal(x["model"][name], y["model"][name]), (worker, name)
-        for key, state in x["optimizer"]["optimizer"]["state"].items():
-            other = y["optimizer"]["optimizer"]["state"][key]
+        for key, state in x["optimizer"]["state"].items():
+            other = y["optimizer"]["state"][key]
             assert all(torch.equal(state[k], other[k]) for k in state), (worker, key)
         assert x["batches"] == y["batches"] and x["counters"]["steps"] == y["counters"]["steps"]
     assert [h["test_accuracy"] for h in a["job"]["history"]] == [h["test_accuracy"] for h in b["job"]["history"]]
@@ -76,8 +76,8 @@ def test_async_resume_trains_on(tmp_path, algo, extra):
     first = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), *extra)
     assert first.returncode == 0, first.out[-3000:]
     saved = final_checkpoint(ck)
-    servers = saved["workers"][0]["optimizer"]["strategy"]["servers"]
-    assert len(servers) == 1 and int(servers[0]["meta"][0]) == saved["workers"][0]["optimizer"]["strategy"]["global_pushes"]
+    servers = saved["workers"][0]["algorithm"]["strategy"]["servers"]
+    assert len(servers) == 1 and int(servers[0]["meta"][0]) == saved["workers"][0]["algorithm"]["strategy"]["global_pushes"]
     second = train("--algo", algo, "--np", "4", "--epochs", "4", "--checkpoint-dir", str(ck), "--resume",
                    "--metrics-out", str(metrics), *extra)
     assert second.returncode == 0, second.out[-3000:]
@@ -114,7 +114,7 @@ def test_nonfinite_streak_stops_with_a_checkpoint(tmp_path):
         assert result.out.count("error: stopped: 5 gradients in a row held NaN or infinity") == 1, result.out[-3000:]
         state = final_checkpoint(ck)  # the state it names loads, and nothing non-finite was applied
         assert f"the last good state is in {ck}" in result.out
-        assert state["workers"][0]["optimizer"]["strategy"]["skipped_nonfinite"] >= 5
+        assert state["workers"][0]["algorithm"]["strategy"]["skipped_nonfinite"] >= 5
 
 
 def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):

@@ -147,7 +147,7 @@ class _Worker:
                               weight_decay=args.weight_decay)
         self.opt = DistributedOptimizer(sgd, named_parameters=self.model.named_parameters(), algorithm=args.algo,
                                         transport=transport, **algorithm_options(args))
-        self.opt._begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
+        self.opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
         self.servers = args.servers > 0
         self.source = WorkerBatches(len(self.splits.train), args.batch_size, rank=rank, workers=args.workers,
                                     seed=args.seed, strategy=self.opt.strategy, servers=self.servers,

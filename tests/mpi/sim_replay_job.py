@@ -34,6 +34,7 @@ def main(epochs: int, serial: bool) -> None:
     model = models.build_model("mlp", splits.input_shape, splits.num_classes)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                   named_parameters=model.named_parameters(), algorithm="asgd")
+    opt.begin()  # collective: before any step takes the mutex below
     batches = Batches(len(splits.train), 32, rank=rank, workers=workers, seed=0, synchronous=False)
     per_epoch = -(-len(splits.train) // 32)
     if serial:
