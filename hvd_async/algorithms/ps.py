@@ -28,12 +28,13 @@ import logging
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ..checks import all_finite, is_int_at_least
+from ..horovod_options import compression_name
 from ..rules import DCRule, LCRule, SGDRule, staleness_scaled_mean_
 from ..rules.loss_prediction import PREDICTORS
 from ..transport import window as W
@@ -187,13 +188,20 @@ class ASGDOptions:
                              f"steps), got {self.pull_every!r}")
 
 
+def _wire(compression) -> str:
+    """Horovod's compression option as the windows' wire format: 'fp32' or 'fp16'."""
+    return "fp16" if compression_name(compression) == "fp16" else "fp32"
+
+
 @dataclass
 class DCASGDOptions:
     lam: float = 0.04
     adaptive: bool = False
     ms_momentum: float = 0.95
+    compression: Any = "none"  # 'fp16': gradients and weights cross the network in half precision
 
     def __post_init__(self):
+        self.compression = compression_name(self.compression)
         _check_dc_numbers(self.lam, self.ms_momentum)
         DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
         if not isinstance(self.adaptive, bool):
@@ -212,8 +220,10 @@ class LCASGDOptions:
     r_min: float = 0.25
     r_max: float = 1.0
     min_history: int = 4
+    compression: Any = "none"
 
     def __post_init__(self):
+        self.compression = compression_name(self.compression)
         _check_dc_numbers(self.lam, self.ms_momentum)
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
@@ -221,7 +231,10 @@ class LCASGDOptions:
             if unknown:
                 raise ValueError(f"predictor_options {', '.join(map(repr, unknown))} unknown to the "
                                  f"{self.predictor!r} predictor; accepted: {', '.join(accepted)}")
-        LCRule(**vars(self))  # validates
+        LCRule(**self.rule_options())  # validates
+
+    def rule_options(self) -> Dict:
+        return {k: v for k, v in vars(self).items() if k != "compression"}
 
 
 def _check_dc_numbers(lam, ms_momentum) -> None:
@@ -249,8 +262,10 @@ def _predictor_keywords(name: str) -> List[str]:
 class SoftSyncOptions:
     n: Optional[int] = None
     staleness_lr: bool = True
+    compression: Any = "none"
 
     def __post_init__(self):
+        self.compression = compression_name(self.compression)
         if self.n is not None and not is_int_at_least(self.n, 1):
             raise ValueError(f"n must be an integer between 1 and the number of workers, got {self.n!r}")
         if not isinstance(self.staleness_lr, bool):
@@ -285,8 +300,8 @@ class PSStrategy(Strategy):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return W.WindowTransport(numel, algorithm=cls.name, mode=cls.mode,
-                                 options=cls.server_options(options))
+        return W.WindowTransport(numel, algorithm=cls.name, mode=cls.mode, options=cls.server_options(options),
+                                 wire=_wire(getattr(options, "compression", "none")))
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
@@ -445,6 +460,10 @@ class DCASGD(_MailboxStrategy):
         lam: compensation strength (default 0.04; 0 gives asgd's update).
         adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients.
         ms_momentum: decay of that mean square (default 0.95).
+        compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
+            weights in half precision, half the bytes; the servers keep and update fp32 weights.
+            A gradient element beyond fp16's range (65504) arrives as infinity and the push is
+            skipped, as any non-finite one.
     """
 
     name = "dc-asgd"
@@ -484,7 +503,7 @@ class LCASGD(DCASGD):
 
     @classmethod
     def server_options(cls, options) -> Dict:
-        return dict(vars(options))
+        return options.rule_options()
 
     @classmethod
     def server_program(cls, host):
@@ -499,6 +518,7 @@ class SoftSync(_MailboxStrategy):
     Options:
         n: 1 .. workers (default: workers).
         staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (default True).
+        compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
     """
 
     name = "softsync"

@@ -116,6 +116,11 @@ class WindowSpec:
     servers: int
     workers: int
     options: Dict[str, Any] = field(default_factory=dict)
+    wire: str = "fp32"  # "fp16": the inbox and outbox slots (what crosses the network) in half precision
+
+    @property
+    def wire_dtype(self):
+        return np.float16 if self.wire == "fp16" else np.float32
 
     @property
     def meta_len(self) -> int:
@@ -166,8 +171,8 @@ class _Windows:
         mailbox = spec.mode == "mailbox"
         self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
         self.weights = _allocate(comm, n, np.float32)
-        self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
-        self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, np.float32)
+        self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
+        self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
 
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]
@@ -213,7 +218,8 @@ class WindowTransport(Transport):
         options: the server rule's options (plain values, pickled to the servers).
     """
 
-    def __init__(self, numel: int, *, algorithm: str, mode: str, options: Optional[Dict] = None):
+    def __init__(self, numel: int, *, algorithm: str, mode: str, options: Optional[Dict] = None,
+                 wire: str = "fp32"):
         super().__init__()
         from mpi4py import MPI
 
@@ -223,6 +229,8 @@ class WindowTransport(Transport):
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
+        if wire not in ("fp32", "fp16") or (wire == "fp16" and mode != "mailbox"):
+            raise ValueError(f"wire must be 'fp32' (or 'fp16' in mailbox mode), got {wire!r} in {mode} mode")
         rt = runtime._worker_runtime("WindowTransport")
         if rt.servers < 1:
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
@@ -230,7 +238,10 @@ class WindowTransport(Transport):
                                f"launch at least one extra process for each server")
         self._MPI = MPI
         self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.world.size - rt.servers,
-                               dict(options or {}))
+                               dict(options or {}), wire)
+        # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
+        # arrive in the other (the servers keep fp32)
+        self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
         self.bounds = shard_bounds(self.spec.numel, rt.servers)
         self._workers_comm = rt.group
         self._rank = rt.group.rank
@@ -294,11 +305,14 @@ class WindowTransport(Transport):
         cached = self._slice_cache.get(key)
         if cached is not None:
             return cached
-        if flat.dtype != torch.float32 or flat.device.type != "cpu" or not flat.is_contiguous() \
-                or flat.numel() != self.spec.numel:
+        if flat.dtype not in (torch.float32, torch.float16) or flat.device.type != "cpu" \
+                or not flat.is_contiguous() or flat.numel() != self.spec.numel:
             raise ValueError(f"expected a contiguous CPU float32 tensor of {self.spec.numel} elements, "
                              f"got {flat.dtype} {tuple(flat.shape)} on {flat.device}")
-        array, F = flat.numpy(), self._MPI.FLOAT
+        if flat.dtype == torch.float16:  # moved as 2-byte words: no arithmetic happens on them
+            array, F = flat.numpy().view(np.uint16), self._MPI.UINT16_T
+        else:
+            array, F = flat.numpy(), self._MPI.FLOAT
         slices = [(k, [array[start:stop], F], (0, stop - start, F))
                   for k, (start, stop) in enumerate(self.bounds) if stop > start]
         if len(self._slice_cache) >= 4:  # strategies use 2 or 3 fixed buffers; temporaries churn
@@ -449,9 +463,14 @@ class WindowTransport(Transport):
         MPI = self._MPI
         answered = kind in (KIND_PUSH, KIND_PULL)
         if kind == KIND_PUSH:
+            if self._wire is not None:
+                grad = self._wire[0].copy_(grad)
             for k, part, (_, count, F) in self._slices(grad):
                 self._win.inbox.Put(part, k, target=(self._rank * count, count, F))
             self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
+        final_out = out
+        if self._wire is not None and out is not None:
+            out = self._wire[1]
         out_parts = self._slices(out) if answered and out is not None else []
         requests = []
         for k in range(self.servers):
@@ -471,6 +490,8 @@ class WindowTransport(Transport):
             gets = [self._win.outbox.Rget(part, k, target=(self._rank * count, count, F))
                     for k, part, (_, count, F) in out_parts]
             MPI.Request.Waitall(gets)
+            if final_out is not out:
+                final_out.copy_(out)
             self._versions[:] = self._answers[:, R_VERSION].astype(np.int64)
             return self._answers.copy()
 
@@ -600,6 +621,19 @@ class WindowTransport(Transport):
         runtime._unregister_transport(self)
 
 
+class _Widened:
+    """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic."""
+
+    def __init__(self, slots):
+        self.slots = slots
+
+    def __getitem__(self, worker: int) -> torch.Tensor:
+        return self.slots[worker].float()
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
 class ShardHost:
     """The server side of one transport on one server rank: owns shard ``shard``'s windows.
 
@@ -616,10 +650,12 @@ class ShardHost:
         self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
         n, w = self.numel, spec.workers
         if spec.mode == "mailbox":
-            inbox = torch.from_numpy(_window_array(self._win.inbox, n * w, np.float32))
-            outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, np.float32))
+            inbox = torch.from_numpy(_window_array(self._win.inbox, n * w, spec.wire_dtype))
+            outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, spec.wire_dtype))
             self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
             self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+            if spec.wire == "fp16":  # the programs compute in fp32: each gradient read widened
+                self.inbox = _Widened(self.inbox)
         self._start_bookkeeping()
         self.program = make_program(self)
 

@@ -237,7 +237,8 @@ def options():
         opt.close()
     if ha.num_servers():
         model = model_for(5)
-        for kw, says in (({"compression": hvd.Compression.fp16}, "compression='fp16' has no meaning under asgd; it works with: ssgd"),
+        for kw, says in (({"compression": hvd.Compression.fp16},
+                          "compression='fp16' has no meaning under asgd; it works with: dc-asgd, lc-asgd, softsync, ssgd"),
                          ({"op": hvd.Sum}, "op='sum' has no meaning under asgd; it works with: ssgd"),
                          ({"op": hvd.Adasum}, "op=hvd.Adasum is not supported by hvd_async")):
             try:
@@ -246,6 +247,38 @@ def options():
                 check(False, f"asgd accepted {kw}")
             except ValueError as exc:
                 check(says in str(exc), str(exc))
+
+
+def fp16_through_the_windows():
+    """compression=fp16 under the server-side rules: gradients go up and weights come back in fp16
+    (the servers keep fp32): the weights are the fp32 run's within fp16's rounding, and not equal to
+    them (the fp16 path was taken)."""
+    if not ha.num_servers():
+        return
+    rank, n = ha.rank(), ha.size()
+    for algorithm in ("dc-asgd", "softsync", "lc-asgd"):
+        finals = {}
+        for compression in ("none", "fp16"):
+            model = model_for(11)
+            opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                          named_parameters=model.named_parameters(), algorithm=algorithm,
+                                          compression=compression, **({"lam": 0.0} if algorithm != "softsync" else {}))
+            check(opt.strategy.transport.spec.wire == ("fp16" if compression == "fp16" else "fp32"),
+                  f"{algorithm}: wire {opt.strategy.transport.spec.wire}")
+            for step in range(3):  # one worker at a time: the same order of pushes in both runs
+                for turn in range(n):
+                    if turn == rank:
+                        x, y = batch(rank * 100 + step)
+                        opt.zero_grad()
+                        loss = F.cross_entropy(model(x), y)
+                        loss.backward()
+                        opt.step(loss=loss.detach())
+                    ha.worker_comm().Barrier()
+            opt.load_global_model()
+            finals[compression] = flat(model).clone()
+            opt.close()
+        diff = float((finals["fp16"] - finals["none"]).abs().max())
+        check(0 < diff < 5e-3, f"{algorithm}: fp16 run differs from fp32 by {diff:.2e}")
 
 
 def sparse_embeddings():
@@ -331,7 +364,7 @@ def lr_annealed_to_zero():
 
 
 CHECKS = {f.__name__: f for f in (broadcast, rank0_load, clipping_and_accumulation, step_after_synchronize_warns,
-                                  options, sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero)}
+                                  options, fp16_through_the_windows, sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero)}
 
 if __name__ == "__main__":
     main(CHECKS, sys.argv[1:], "DROPIN CHECKS OK")
