@@ -1,6 +1,6 @@
 """The drop-in promise under mpirun: Horovod's calls and options against hvd_async's optimizer for every
-algorithm (tests/mpi/dropin_checks.py) at 2 and 3 workers, shared memory on and off; a Horovod
-script with three changed lines; a fault on a server ends the job at once."""
+algorithm (tests/mpi/dropin_checks.py) at 2 and 3 workers, 1 and 2 server shards, shared memory on
+and off; a Horovod script with three changed lines; a fault on a server ends the job at once."""
 import re
 import time
 
@@ -12,7 +12,7 @@ CHECKS = ("DROPIN CHECKS OK broadcast rank0_load clipping_and_accumulation step_
           "options fp16_through_the_windows sparse_embeddings names_and_requires_grad lr_annealed_to_zero")
 
 
-@pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (4, 1, True), (2, 0, False)])
+@pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (5, 2, True), (2, 0, False)])
 def test_horovod_idioms_under_every_algorithm(np, servers, no_shm):
     result = mpirun(np, python("tests/mpi/dropin_checks.py"), no_shm=no_shm, env={"SERVERS": str(servers)},
                     timeout=420)
