@@ -20,6 +20,12 @@ bench: setup
 	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode no-shm
 	$(VENV)/bin/python benchmarks/straggler_throughput.py
 
+# Before submitting a change to a hot path (issue 19): the quick forms of the ratio benchmarks against their
+# targets and the committed results (a few minutes; results in runs/bench-check/; exits 0 unless one crashed).
+.PHONY: bench-check
+bench-check: setup
+	$(VENV)/bin/python benchmarks/bench_check.py $(BENCH_CHECK_ARGS)
+
 # The CLI reference (docs/cli.md) from the parser; a test checks it is current.
 docs: setup
 	$(VENV)/bin/python scripts/gen_cli_docs.py

@@ -1,7 +1,14 @@
 """What every benchmark script shares: relaunching itself under mpirun, running the training job,
-and writing its JSON and plot."""
+and writing its JSON (with its provenance: commit, tree state, machine, versions, command, date)
+and plot."""
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
+import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,11 +36,151 @@ def relaunch(script: str, np: int, mpi_args: str = "") -> int:
 
 
 def save(summary: dict, out: str, plot) -> None:
-    """Write ``summary`` as JSON to ``out`` and ``plot(summary, path)`` beside it as PNG."""
+    """Write ``summary`` as JSON to ``out`` (see :func:`write_record`) and ``plot(summary, path)``
+    beside it as PNG."""
+    write_record(summary, out)
+    plot(summary, os.path.splitext(out)[0] + ".png")
+
+
+def write_record(summary: dict, out: str) -> dict:
+    """Write ``summary`` as JSON to ``out`` with a ``provenance`` block (:func:`provenance`) added;
+    warns loudly on stderr when the tree was not clean (the record is written all the same)."""
+    summary["provenance"] = provenance()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(summary, f, indent=2)
-    plot(summary, os.path.splitext(out)[0] + ".png")
+        f.write("\n")
+    if not summary["provenance"]["tree_clean"]:
+        warn_dirty(summary["provenance"], out)
+    return summary
+
+
+# --- provenance: what a reader needs to tie a figure to the code and the machine ---------------------
+
+RESULTS_DIR = os.path.join("benchmarks", "results")  # written by the runs themselves: never counts as dirty
+PACKAGES = ("torch", "horovod", "mpi4py", "numpy")
+
+
+def git(*args: str) -> str:
+    """Output of ``git ARGS`` in the repository ('' when git or the repository is missing)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip("\n") if done.returncode == 0 else ""
+
+
+def dirty_files() -> list:
+    """Why the tree differs from its commit: tracked files changed (outside benchmarks/results/),
+    untracked modules of the package, and the running script itself when git does not track it."""
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS_DIR}")
+    found = [line[3:] for line in changed.splitlines() if line.strip()]
+    found += [f"{p} (untracked)" for p in git("ls-files", "--others", "--exclude-standard", "--",
+                                               "hvd_async").splitlines() if p.endswith(".py")]
+    script = _script()
+    if os.path.isfile(os.path.join(ROOT, script)) and not git("ls-files", "--", script):
+        found.append(f"{script} (untracked)")
+    return found
+
+
+def _script() -> str:
+    """The running script's path relative to the repository (as given when outside it)."""
+    given = sys.argv[0] if sys.argv else ""
+    path = os.path.abspath(given)
+    return os.path.relpath(path, ROOT) if os.path.isfile(path) and path.startswith(ROOT + os.sep) else given
+
+
+def command_line() -> str:
+    """This process's command as one shell-quoted line, the script relative to the repository root
+    (under mpirun: the command each rank runs, the same arguments the user gave)."""
+    return shlex.join(["python", _script(), *sys.argv[1:]])
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() in ("model name", "Processor", "cpu model"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    """Cores (usable by this process, and in all), CPU model, architecture, OS, memory: no host name."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3, 1)
+    except (AttributeError, ValueError, OSError):
+        memory_gb = None
+    return {"cores_usable": usable, "cores_total": os.cpu_count(), "cpu_model": cpu_model(),
+            "arch": platform.machine(), "os": f"{platform.system()} {platform.release()}", "memory_gb": memory_gb}
+
+
+def versions() -> dict:
+    """Python's and the main packages' versions (read from their metadata: nothing is imported),
+    and the first line of ``mpirun --version``."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    mpirun, text = shutil.which("mpirun"), ""
+    try:
+        if mpirun:
+            text = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    out["mpi"] = text.strip().splitlines()[0] if text.strip() else None
+    return out
+
+
+def source_state():
+    """(commit, tree_clean, dirty files, where the commit came from). Without a repository (the device
+    machine gets a copy of the tree, no .git) the commit is DEVICE_COMMIT, as scripts/device_check.sh
+    names it (benchmarks/device_info.py: a sha, '+dirty' when the tree differed where it was set)."""
+    head = git("rev-parse", "HEAD")
+    if head:
+        dirty = dirty_files()
+        return head, not dirty, dirty, "git"
+    named = os.environ.get("DEVICE_COMMIT", "")
+    if named:
+        sha = named.split("+")[0]
+        return sha, named == sha, ([] if named == sha else ["(DEVICE_COMMIT says +dirty)"]), "DEVICE_COMMIT"
+    return None, False, ["(no git repository and no DEVICE_COMMIT: the tree cannot be checked)"], "none"
+
+
+def provenance() -> dict:
+    """Where a record came from: the commit (``git rev-parse HEAD``), whether the tree was clean
+    (:func:`dirty_files`), the machine, the versions, the command and the UTC date."""
+    commit, clean, dirty, where = source_state()
+    return {"commit": commit, "tree_clean": clean, "dirty_files": dirty[:50], "commit_from": where,
+            "machine": machine(), "versions": versions(), "command": command_line(),
+            "mpi_ranks": int(os.environ["OMPI_COMM_WORLD_SIZE"]) if "OMPI_COMM_WORLD_SIZE" in os.environ else None,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def warn_dirty(prov: dict, out: str) -> None:
+    """The loud warning for a record written from a tree that differs from its commit."""
+    bar = "!" * 100
+    files = ", ".join(prov["dirty_files"][:8]) + (" ..." if len(prov["dirty_files"]) > 8 else "")
+    print(f"{bar}\n!! WARNING: {out} was written from a tree that is NOT its commit "
+          f"({str(prov['commit'])[:10]}): {files}\n!! Its figures cannot be quoted: commit the change, "
+          f"then rerun:\n!!   {prov['command']}\n{bar}", file=sys.stderr, flush=True)
+
+
+def spread(values) -> dict:
+    """min, quartiles, median and max of ``values`` (the quartiles: ``statistics.quantiles``, n=4,
+    exclusive method; with one value all equal it)."""
+    values = sorted(values)
+    if not values:
+        return {"n": 0, "min": None, "q1": None, "median": None, "q3": None, "max": None}
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return {"n": len(values), "min": values[0], "q1": q[0], "median": statistics.median(values), "q3": q[2],
+            "max": values[-1]}
 
 
 def train_job(flags, *, timeout: float = 1800) -> dict:
@@ -68,3 +215,18 @@ def run_parts(args, table: dict, prefix: str) -> int:
         print(f"== {part}", flush=True)
         save(run(args), os.path.join(args.outdir, f"{prefix}_{part}.json"), plot)
     return 0
+
+
+def apply_quick(parser, args, quick: dict) -> None:
+    """With ``--quick``: each option in ``quick`` (dest -> value) that was left at its default takes
+    the quick value (options given on the command line win)."""
+    if getattr(args, "quick", False):
+        for dest, value in quick.items():
+            if getattr(args, dest) == parser.get_default(dest):
+                setattr(args, dest, value)
+
+
+def quick_help(quick: dict) -> str:
+    """``--quick``'s help: the options it changes, as flags."""
+    return "the quick form (bench_check.py): " + " ".join(
+        f"--{dest.replace('_', '-')} {value}" for dest, value in quick.items()) + " unless given"

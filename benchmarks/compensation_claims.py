@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 
-from common import HERE, pyplot, run_parts, train_job
+from common import HERE, pyplot, run_parts, spread, train_job
 
 PARTS = ("delay", "hetero")
 
@@ -57,9 +57,18 @@ def _row(record):
             "loss_curve": [e["train_loss"] for e in record["history"]]}
 
 
+def _values(runs, key, **match):
+    return [r[key] for r in runs if all(r[k] == v for k, v in match.items()) and r[key] is not None]
+
+
 def _mean(runs, key, **match):
-    values = [r[key] for r in runs if all(r[k] == v for k, v in match.items())]
+    values = _values(runs, key, **match)
     return statistics.mean(values) if values else None
+
+
+def _spreads(runs, keys, **match) -> dict:
+    """min / quartiles / median / max over the seeds of each of ``keys`` (:func:`common.spread`)."""
+    return {key: spread(_values(runs, key, **match)) for key in keys}
 
 
 # --- delay: asgd, dc-asgd, lc-asgd as the workers (and the staleness) grow -------------------------
@@ -92,7 +101,10 @@ def delay(args) -> dict:
     lc_cost = [r["server_ms_per_push"] for r in runs if r["algo"] == "lc-asgd" and r["workers"] == max(args.worker_counts)]
     return {"benchmark": "compensation_delay", "dataset": "digits", "epochs": args.epochs, "lr": args.lr,
             "compute_ms": args.compute_ms, "seeds": args.seed_list, "worker_counts": args.worker_counts,
-            "mean": table, "lc_server_ms_per_push_at_most_workers": lc_cost, "runs": runs}
+            "mean": table, "spread": {algo: {w: _spreads(runs, ("final_test_accuracy", "final_train_loss"),
+                                                          algo=algo, workers=w) for w in args.worker_counts}
+                                      for algo in DELAY_ALGOS},
+            "lc_server_ms_per_push_at_most_workers": lc_cost, "runs": runs}
 
 
 def plot_delay(summary, path):
@@ -146,7 +158,10 @@ def hetero(args) -> dict:
     return {"benchmark": "compensation_hetero", "dataset": "digits", "epochs": args.epochs, "lr": args.lr,
             "compute_ms": args.compute_ms, "workers": args.hetero_workers, "stragglers": args.straggler_list,
             "seeds": args.seed_list, "expected_batch_sizes": expected, "batch_size_errors": errors,
-            "mean": mean, "runs": runs}
+            "mean": mean,
+            "spread": {a: _spreads(runs, ("final_test_accuracy", "final_train_loss", "samples_per_second"), algo=a)
+                       for a in HETERO_ALGOS},
+            "runs": runs}
 
 
 def plot_hetero(summary, path):

@@ -153,10 +153,11 @@ def plot(record, path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, HERE)
+    from common import provenance
     from device_info import environment
 
     record = {"benchmark": "cpu_study", "settings": {k: v for k, v in vars(args).items() if not k.endswith("_list")},
-              "environment": environment(), "runs": []}
+              "environment": environment(), "provenance": provenance(), "runs": []}
     if args.resume and os.path.exists(args.out):
         with open(args.out) as f:
             record["runs"] = json.load(f).get("runs", [])

@@ -30,7 +30,7 @@ def commit() -> str:
 
 def environment() -> Dict:
     """A dict of what the results depend on (cheap: no GPU work)."""
-    info = {"commit": commit(), "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    info = {"commit": commit(), "cpus": os.cpu_count(), "python": platform.python_version()}
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"])
     if smi:
         info["gpus"] = [dict(zip(("name", "driver", "memory", "compute_capability"),

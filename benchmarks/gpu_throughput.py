@@ -449,9 +449,11 @@ def rank_main(args) -> int:
     if not summary:  # a server of the staging part
         return 0
     sys.path.insert(0, HERE)
+    from common import provenance
     from device_info import environment
 
     summary["environment"] = environment()
+    summary["provenance"] = provenance()  # commit (DEVICE_COMMIT there), clean tree, machine, command
     os.makedirs(args.outdir, exist_ok=True)
     out = os.path.join(args.outdir, f"gpu_{args.rank_part}.json")
     with open(out, "w") as f:

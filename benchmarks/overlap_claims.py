@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 
-from common import HERE, pyplot, run_parts, train_job
+from common import HERE, pyplot, run_parts, spread, train_job
 
 PARTS = ("accuracy", "throughput", "budget")
 
@@ -86,6 +86,8 @@ def accuracy(args) -> dict:
         print(f"{v} - ssgd mean test accuracy: {points:+.2f} points (claim: within 1 point or better)", flush=True)
     return {"benchmark": "overlap_accuracy", "dataset": "digits", "epochs": args.epochs, "workers": args.workers,
             "seeds": args.seed_list, "local_lr": args.local_lr, "mean_test_accuracy": mean,
+            "spread_test_accuracy": {v: spread(r["final_test_accuracy"] for r in runs if r["variant"] == v)
+                                     for v in VARIANTS},
             "gap_points_to_ssgd": gap, "runs": runs}
 
 
@@ -135,7 +137,10 @@ def throughput(args) -> dict:
     return {"benchmark": "overlap_throughput", "model": "resnet18", "parameters": 11173962,
             "image_size": args.resnet_image_size, "batch_size": args.resnet_batch, "workers": args.workers,
             "probe_ssgd_exchange_wait_ms": compute_ms, "compute_ms": compute_ms,
-            "median_samples_per_second": median, "ratio_to_ssgd": ratios, "runs": runs}
+            "median_samples_per_second": median, "ratio_to_ssgd": ratios,
+            "spread_samples_per_second": {v: spread(x["samples_per_second"] for x in runs if x["variant"] == v)
+                                          for v in variants},
+            "runs": runs}
 
 
 def plot_throughput(summary, path):
@@ -181,7 +186,10 @@ def budget(args) -> dict:
           + f"  (claim: {names[1]} ahead)", flush=True)
     return {"benchmark": "overlap_budget", "dataset": "digits", "epochs": args.epochs, "workers": args.workers,
             "compute_ms": args.compute_ms, "straggler": args.straggler, "window": args.window,
-            "mean_accuracy_at_budget": scores, "runs": runs}
+            "mean_accuracy_at_budget": scores,
+            "spread_accuracy_at_budget": {v: spread((x["accuracy_at_budget"] or 0.0) for x in runs if x["variant"] == v)
+                                          for v in variants},
+            "runs": runs}
 
 
 def plot_budget(summary, path):

@@ -8,12 +8,14 @@ MPI progressing for both kinds of windows alike (one call into MPI every ``--pol
 size the workers open an asgd transport (``accumulate`` of a delta, which also bumps the shard's
 version and staleness counters, then ``pull``) and alternate blocks of raw and transport round
 trips, so drift hits both alike. Printed per size: median round trip of each, and the ratio raw
-time / transport time (1.0: no overhead; target >= 0.9 from 1 MB up). Writes JSON and a plot
-to benchmarks/results/.
+time / transport time (1.0: no overhead; target >= 0.9 from 1 MB up), with the spread of the
+per-block ratios (each raw block over the transport block beside it, every worker's). Writes JSON
+and a plot to benchmarks/results/.
 
     python benchmarks/rma_bandwidth.py --mode shm      # one node, windows in shared memory
     python benchmarks/rma_bandwidth.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/rma_bandwidth.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster
+    python benchmarks/rma_bandwidth.py --quick --out /tmp/r.json  # bench_check's form (~15 s)
 """
 import argparse
 import os
@@ -22,9 +24,10 @@ import subprocess
 import sys
 import time
 
-from common import HERE, ROOT, program, relaunch, save, under_mpirun
+from common import HERE, ROOT, apply_quick, program, quick_help, relaunch, save, spread, under_mpirun
 
 SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
+QUICK = {"sizes": "1KB,1MB,4MB", "seconds": 0.1}  # --quick: the sizes the targets name, shorter blocks
 UNITS = {"KB": 1024, "MB": 1024 ** 2}
 NETNS_TOOL = os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster")
 NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}
@@ -48,8 +51,10 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=0.25, help="target time of one block")
     p.add_argument("--poll-us", type=float, default=100.0,
                    help="the server's sleep between MPI progress calls, microseconds")
+    p.add_argument("--quick", action="store_true", help=quick_help(QUICK))
     p.add_argument("--out", default=None, help="JSON path (default: results/rma_bandwidth_<mode>.json)")
     args = p.parse_args(argv)
+    apply_quick(p, args, QUICK)
     try:
         args.size_bytes = [parse_size(s) for s in args.sizes.split(",")]
     except argparse.ArgumentTypeError as exc:
@@ -145,30 +150,40 @@ def bench(args) -> int:
                 times[kind].append((time.perf_counter() - start) / reps)
         transport.close()
         win.Unlock_all()
-        mine = {k: statistics.median(v) for k, v in times.items()}
-        everyone = workers.gather(mine, root=0)
+        everyone = workers.gather(times, root=0)
         if ha.rank() == 0:
-            raw_s = statistics.median(e["raw"] for e in everyone)
-            our_s = statistics.median(e["ours"] for e in everyone)
-            row = {"bytes": size, "reps_per_block": reps, "raw_seconds": raw_s, "ours_seconds": our_s,
-                   "raw_GBps": size * 2 / raw_s / 1e9, "ours_GBps": size * 2 / our_s / 1e9,
-                   "ratio": raw_s / our_s}
-            rows.append(row)
-            print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  "
-                  f"ratio {row['ratio']:.3f}  ({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)
+            rows.append(size_row(size, reps, everyone))
     ha.shutdown()
     for win in raw.values():
         win.Free()
     if ha.rank() == 0:
         big = [r["ratio"] for r in rows if r["bytes"] >= 1024 ** 2]
-        summary = {"benchmark": "rma_bandwidth", "mode": args.mode, "np": world.size, "workers": workers.size,
-                   "servers": 1, "blocks": args.blocks, "target": 0.9,
+        summary = {"benchmark": "rma_bandwidth", "quick": args.quick, "mode": args.mode, "np": world.size,
+                   "workers": workers.size, "servers": 1, "blocks": args.blocks, "seconds_per_block": args.seconds,
+                   "poll_us": args.poll_us, "target": 0.9,
                    "min_ratio_from_1MB": min(big) if big else None, "rows": rows}
         print(f"mode {args.mode}, {workers.size} workers + 1 server: ratio raw/ours from 1 MB up: "
               f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.9" if big else "no size >= 1 MB",
               flush=True)
         save(summary, args.out, plot)
     return 0
+
+
+def size_row(size: int, reps: int, everyone) -> dict:
+    """One size's figures from every worker's block times (``{"raw": [...], "ours": [...]}``): the
+    median over workers of each worker's median, their ratio, and the spread of the block ratios."""
+    raw_s = statistics.median(statistics.median(e["raw"]) for e in everyone)
+    our_s = statistics.median(statistics.median(e["ours"]) for e in everyone)
+    s = spread(r / o for e in everyone for r, o in zip(e["raw"], e["ours"]))
+    row = {"bytes": size, "reps_per_block": reps, "raw_seconds": raw_s, "ours_seconds": our_s,
+           "raw_GBps": size * 2 / raw_s / 1e9, "ours_GBps": size * 2 / our_s / 1e9, "ratio": raw_s / our_s,
+           "ratio_min": s["min"], "ratio_q1": s["q1"], "ratio_q3": s["q3"], "ratio_max": s["max"],
+           "ratio_blocks": s["n"], "raw_seconds_blocks": [e["raw"] for e in everyone],
+           "ours_seconds_blocks": [e["ours"] for e in everyone]}
+    print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  ratio {row['ratio']:.3f} "
+          f"(blocks {s['min']:.3f}..{s['max']:.3f}, IQR {s['q1']:.3f}..{s['q3']:.3f})  "
+          f"({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)
+    return row
 
 
 def _fmt(size: int) -> str:

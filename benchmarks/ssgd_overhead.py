@@ -7,14 +7,16 @@ median with its spread, and writes JSON and a plot to benchmarks/results/.
 
     python benchmarks/ssgd_overhead.py              # launches itself on --np ranks via mpirun
     mpirun -np 4 python benchmarks/ssgd_overhead.py  # or under an external launcher
+    python benchmarks/ssgd_overhead.py --quick --out /tmp/s.json  # bench_check's form (~30 s)
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 
-from common import HERE, relaunch, save, under_mpirun
+from common import HERE, apply_quick, quick_help, relaunch, save, spread, under_mpirun
+
+QUICK = {"steps": 30, "warmup": 5}  # --quick: shorter runs, the same 8 alternating pairs
 
 
 def parse_args(argv=None):
@@ -24,10 +26,12 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=8, help="timed pairs (ours, plain)")
     p.add_argument("--steps", type=int, default=60, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps per run")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="samples per step on each worker")
     p.add_argument("--hidden", type=int, default=1024, help="MLP width (parameters ~ 784*h + h*h/2)")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "ssgd_overhead.json"))
+    p.add_argument("--quick", action="store_true", help=quick_help(QUICK))
+    p.add_argument("--out", default=os.path.join(HERE, "results", "ssgd_overhead.json"), help="JSON path")
     args = p.parse_args(argv)
+    apply_quick(p, args, QUICK)
     for name in ("np", "repeats", "steps", "batch_size", "hidden"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -85,15 +89,16 @@ def bench(args) -> int:
             print(f"repeat {r}: ours {rate['ours']:.0f}  plain {rate['plain']:.0f} samples/s  "
                   f"ratio {rows[-1]['ratio']:.3f}", flush=True)
     if hvd.rank() == 0:
-        ratios = sorted(row["ratio"] for row in rows)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        summary = {"benchmark": "ssgd_overhead", "np": hvd.size(), "batch_size": args.batch_size,
-                   "hidden": args.hidden, "steps": args.steps, "repeats": args.repeats,
-                   "ratio_median": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2],
-                   "ratio_min": ratios[0], "ratio_max": ratios[-1], "target": 0.97, "runs": rows}
-        print(f"throughput ratio ours/plain: median {summary['ratio_median']:.3f} "
-              f"(IQR {q[0]:.3f}..{q[2]:.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}) over "
-              f"{len(ratios)} pairs at {hvd.size()} workers; target >= 0.97", flush=True)
+        s = spread(row["ratio"] for row in rows)
+        summary = {"benchmark": "ssgd_overhead", "quick": args.quick, "np": hvd.size(),
+                   "batch_size": args.batch_size, "hidden": args.hidden, "steps": args.steps,
+                   "warmup": args.warmup, "repeats": args.repeats, "ratio_median": s["median"], "ratio_q1": s["q1"],
+                   "ratio_q3": s["q3"], "ratio_min": s["min"], "ratio_max": s["max"], "target": 0.97,
+                   "samples_per_second": {k: spread(row[k] for row in rows) for k in ("ours", "plain")},
+                   "runs": rows}
+        print(f"throughput ratio ours/plain: median {s['median']:.3f} "
+              f"(IQR {s['q1']:.3f}..{s['q3']:.3f}, min {s['min']:.3f}, max {s['max']:.3f}) over "
+              f"{s['n']} pairs at {hvd.size()} workers; target >= 0.97", flush=True)
         save(summary, args.out, lambda summary, path: plot(rows, summary, path))
     return 0
 
