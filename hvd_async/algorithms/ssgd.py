@@ -77,6 +77,13 @@ class SSGD(Strategy):
                            if p.requires_grad and transport.size > 1]
         self._delay = {p: options.backward_passes_per_step for p in self._trainable}
         self._handles = {}  # parameter -> (handle or None, compression context)
+        # The non-finite guard: each worker screens its own gradients as they go out (hot in cache),
+        # and one flag per step, reduced with the gradients, says whether any worker's screen
+        # tripped; only then is the averaged gradient checked element by element.
+        self._screens = []  # squared norms of this step's outgoing local gradients
+        self._flag = None  # (handle, tensor) of the step's flag allreduce
+        self._exact_check = self.options.compression is not _compression(None) \
+            or self.options.gradient_predivide_factor != 1.0  # (fp16 or scaling can overflow)
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
         self.skipped_nonfinite = 0
@@ -85,8 +92,12 @@ class SSGD(Strategy):
         name, op, factor = f"ssgd.{self._names[p]}", self.options.op, self.options.gradient_predivide_factor
         if p.grad.is_sparse:
             if not self.options.sparse_as_dense:  # Horovod's sparse allreduce (indices and values)
+                values = p.grad.coalesce().values().reshape(-1)
+                self._screens.append(torch.dot(values, values))
                 return self.transport.sparse_allreduce_async(p.grad, name=name, op=op), None
             p.grad = p.grad.to_dense()
+        flat = p.grad.reshape(-1)
+        self._screens.append(torch.dot(flat, flat) if flat.is_floating_point() else flat.sum())
         if factor != 1.0:
             p.grad.mul_(1.0 / factor)
         compressed, ctx = self.options.compression.compress(p.grad)
@@ -106,6 +117,7 @@ class SSGD(Strategy):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 self._handles[p] = self._allreduce_async(p)
+        self._start_flag()
         factor = self.options.gradient_predivide_factor
         for p, (handle, ctx) in self._handles.items():
             output = self.transport.synchronize(handle)
@@ -119,6 +131,27 @@ class SSGD(Strategy):
         self._handles.clear()
         self._synchronized = True
 
+    def _start_flag(self) -> None:
+        """Reduce, with the step's gradients, whether this worker's screen tripped: a finite sum of
+        squares bounds every element below 1.9e19, so finite local gradients on every worker give
+        a finite sum or average (no fp32 overflow below 1.7e19 workers)."""
+        if not self._trainable:
+            return
+        if self._flag is not None:  # a second synchronize() before step(): the newer flag counts
+            self._flagged()
+        screened = torch.stack([s.double() for s in self._screens]).sum() if self._screens else torch.zeros(())
+        flag = torch.tensor([0.0 if bool(torch.isfinite(screened)) else 1.0])
+        self._screens = []
+        self._flag = self.transport.allreduce_async_(flag, name="ssgd.nonfinite", op=ReduceOp.SUM), flag
+
+    def _flagged(self) -> bool:
+        """Whether some worker's screen tripped this step (waits for the flag's allreduce)."""
+        if self._flag is None:
+            return True  # nothing was reduced (one worker, or nothing trainable): check exactly
+        handle, _ = self._flag
+        self._flag = None
+        return float(self.transport.synchronize(handle)[0]) > 0
+
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
@@ -129,7 +162,9 @@ class SSGD(Strategy):
             self.synchronize()
         self._synchronized = False
         self.steps += 1
-        if closure is None and not self._reduced_grads_finite():
+        if closure is not None:
+            self._flagged()  # (drained: a closure recomputes the loss, the check is skipped as before)
+        elif not self._reduced_grads_finite():
             self.skipped_nonfinite += 1  # the same reduced gradients on every worker: all skip alike
             if self.skipped_nonfinite == 1 or self.skipped_nonfinite % 100 == 0:
                 logger.warning("ssgd: the averaged gradient holds NaN or infinity at step %d; optimizer "
@@ -138,6 +173,9 @@ class SSGD(Strategy):
         return self.optimizer.step(closure)
 
     def _reduced_grads_finite(self) -> bool:
+        flagged = self._flagged()
+        if not (flagged or self._exact_check):
+            return True
         grads = [p.grad for _, p in self.named_parameters if p.grad is not None]
         return all_finite(grads)
 

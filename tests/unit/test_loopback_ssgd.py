@@ -96,3 +96,40 @@ def test_ssgd_equals_hand_computed_average_sgd():
     for rank in range(WORKERS):
         for got, want in zip(finals[rank], ref.parameters()):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad,applied", [
+    (None, True),                 # every gradient finite: the step applies
+    (float("nan"), False),        # one element of one worker's gradient: every worker skips alike
+    (float("-inf"), False),
+    (1e20, True),                 # finite, but its square overflows: the screen trips, the exact check passes
+])
+def test_ssgd_never_applies_a_non_finite_average(bad, applied):
+    """Worker 1 plants ``bad`` into one gradient element (after backward, before the allreduce
+    hook's screen reads it: through a hook of its own registered first)."""
+    group = LoopbackGroup(WORKERS)
+    models = [_model() for _ in range(WORKERS)]
+    start = [p.detach().clone() for p in _model().parameters()]
+    out = {}
+
+    def worker(rank):
+        model = models[rank]
+        if rank == 1 and bad is not None:
+            def plant(p):
+                p.grad.view(-1)[7] = bad
+
+            model.weight.register_post_accumulate_grad_hook(plant)
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(), algorithm="ssgd",
+                                   transport=group.transport(rank))
+        x, y = _data(rank, 0)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        out[rank] = ([p.detach().clone() for p in model.parameters()], opt.stats()["skipped_nonfinite"])
+
+    _run_workers(worker)
+    for rank in range(WORKERS):
+        weights, skipped = out[rank]
+        moved = any(not torch.equal(w, s) for w, s in zip(weights, start))
+        assert moved == applied and skipped == (0 if applied else 1), (rank, moved, skipped)
+        assert all(bool(torch.isfinite(w).all()) for w in weights)
