@@ -1,0 +1,141 @@
+"""fp16_push: a dc-asgd push (gradient up, new weights back) through the windows with fp32 on the wire
+against fp16 (``compression=hvd.Compression.fp16``), in the same MPI job.
+
+One server rank and ``--np - 1`` workers. For each size both transports are open side by side (the
+same server program, the same SGD step on fp32 weights); every worker alternates blocks of fp32 and
+fp16 pushes, so drift hits both alike. Printed per size: the median push time of each and the ratio
+fp16 time / fp32 time (0.5 would be the bytes alone; the server's step and the conversions do not
+halve), with the spread of the per-block ratios. Writes JSON and a plot to benchmarks/results/.
+
+    python benchmarks/fp16_push.py --mode shm      # one node, windows in shared memory
+    python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from common import HERE, pyplot, relaunch, save, spread, under_mpirun
+
+SIZES = ["1MB", "4MB", "16MB"]
+UNITS = {"KB": 1024, "MB": 1024 ** 2}
+
+
+def parse_size(text: str) -> int:
+    for unit, factor in UNITS.items():
+        if text.upper().endswith(unit) and text[:-2].isdigit():
+            return int(text[:-2]) * factor
+    raise argparse.ArgumentTypeError(f"size {text!r} must look like 256KB or 4MB")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=("shm", "no-shm"), default="shm",
+                   help="shm: windows in shared memory; no-shm: TCP only")
+    p.add_argument("--np", type=int, default=3, help="MPI ranks: 1 server + np-1 workers")
+    p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated fp32 buffer sizes")
+    p.add_argument("--blocks", type=int, default=8, help="alternating blocks (fp32, fp16) per size")
+    p.add_argument("--seconds", type=float, default=0.3, help="target time of one block")
+    p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
+    args = p.parse_args(argv)
+    try:
+        args.size_bytes = [parse_size(s) for s in args.sizes.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if args.np < 2:
+        p.error(f"--np must be >= 2 (one server and at least one worker), got {args.np}")
+    if args.blocks < 1 or not args.seconds > 0:
+        p.error(f"--blocks must be >= 1 and --seconds > 0, got {args.blocks} and {args.seconds}")
+    args.out = args.out or os.path.join(HERE, "results", f"fp16_push_{args.mode}.json")
+    return args
+
+
+def bench(args) -> int:
+    import torch
+
+    import hvd_async as ha
+    from hvd_async.transport import window as W
+
+    ha.init(servers=1)
+    if ha.is_server():
+        ha.serve()
+        return 0
+    workers = ha.worker_comm()
+    header = {W.H_LR: 1e-3, W.H_MOMENTUM: 0.0, W.H_WEIGHT_DECAY: 0.0, W.H_NESTEROV: 0.0}
+    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
+    rows = []
+    for size in args.size_bytes:
+        n = size // 4
+        grad, out = torch.full((n,), 1e-3), torch.zeros(n)
+        transports = {wire: W.WindowTransport(n, algorithm="dc-asgd", mode="mailbox", options=options, wire=wire)
+                      for wire in ("fp32", "fp16")}
+        for t in transports.values():
+            t.publish_(out)
+            t.push(grad, out, header)  # warm
+        start = time.perf_counter()
+        transports["fp32"].push(grad, out, header)
+        reps = max(2, int(args.seconds / max(1e-6, time.perf_counter() - start)))
+        times = {"fp32": [], "fp16": []}
+        for block in range(args.blocks):
+            for wire in (("fp32", "fp16") if block % 2 == 0 else ("fp16", "fp32")):
+                start = time.perf_counter()
+                for _ in range(reps):
+                    transports[wire].push(grad, out, header)
+                times[wire].append((time.perf_counter() - start) / reps)
+        workers.Barrier()
+        for t in transports.values():
+            t.close()
+        everyone = workers.gather(times, root=0)
+        if ha.rank() == 0:
+            rows.append(size_row(size, reps, everyone))
+            r = rows[-1]
+            print(f"{_fmt(size):>6}: fp32 {r['fp32_us_median']:9.1f} us  fp16 "
+                  f"{r['fp16_us_median']:9.1f} us  fp16/fp32 {r['ratio_median']:.3f} "
+                  f"(blocks {r['ratio']['min']:.3f}..{r['ratio']['max']:.3f})", flush=True)
+    if ha.rank() == 0:
+        summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
+                   "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "rows": rows}
+        save(summary, args.out, plot)
+    return 0
+
+
+def size_row(size: int, reps: int, everyone) -> dict:
+    """One size's figures over every worker's blocks (ratio: each fp16 block over the fp32 one beside it)."""
+    fp32 = [t for times in everyone for t in times["fp32"]]
+    fp16 = [t for times in everyone for t in times["fp16"]]
+    ratios = [b / a for times in everyone for a, b in zip(times["fp32"], times["fp16"])]
+    return {"bytes_fp32": size, "bytes_fp16": size // 2, "pushes_per_block": reps,
+            "fp32_us_median": 1e6 * statistics.median(fp32), "fp16_us_median": 1e6 * statistics.median(fp16),
+            "ratio_median": statistics.median(ratios), "ratio": spread(ratios)}
+
+
+def _fmt(size: int) -> str:
+    return f"{size // 1024 ** 2}MB" if size >= 1024 ** 2 else f"{size // 1024}KB"
+
+
+def plot(summary, path):
+    plt = pyplot()
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = [_fmt(r["bytes_fp32"]) for r in rows]
+    ax.plot(xs, [r["ratio_median"] for r in rows], "o-", label="fp16 / fp32 push time (median)")
+    ax.fill_between(xs, [r["ratio"]["min"] for r in rows], [r["ratio"]["max"] for r in rows], alpha=0.2)
+    ax.axhline(0.55, color="r", ls="--", label="target 0.55 (from 4 MB)")
+    ax.axhline(0.5, color="grey", ls=":", label="bytes alone")
+    ax.set_xlabel("gradient size (fp32)"), ax.set_ylabel("time ratio"), ax.legend(fontsize=8)
+    fig.suptitle(f"dc-asgd push, fp16 against fp32 on the wire ({summary['mode']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not under_mpirun():
+        return relaunch(__file__, args.np, "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else "")
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
