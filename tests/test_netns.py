@@ -1,7 +1,9 @@
 """The training job across a 3-host cluster of network namespaces (no shared memory, TCP between hosts).
 
 Uses ../shared/tools/netns-cluster (override with HVD_ASYNC_NETNS_TOOL). Skips, with the reason,
-where the tool is absent or the machine refuses network namespaces (needs root and iproute2).
+where the tool is absent or the machine refuses network namespaces (needs root and iproute2); in CI
+(``CI=true``, where both are there) that reason is a failure instead: a cross-host check that
+silently became a skip would pass for one.
 """
 import json
 import os
@@ -17,16 +19,23 @@ TOOL = os.environ.get("HVD_ASYNC_NETNS_TOOL",
 ENV = {"NETNS_PREFIX": "hvdci", "NETNS_SUBNET": "10.78.0"}  # apart from a developer's own cluster
 
 
+def _cannot(reason: str) -> None:
+    """Skip with ``reason``, or fail with it in CI (CI=true), where the cluster must come up."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the cross-host tests, but: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if not os.path.isfile(TOOL):
-        pytest.skip(f"netns-cluster tool not found at {TOOL}")
+        _cannot(f"netns-cluster tool not found at {TOOL}")
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
+        _cannot("network namespaces need root and iproute2")
     up = run(["bash", TOOL, "up", "3"], timeout=60, env=ENV)
     if up.returncode != 0:
         run(["bash", TOOL, "down"], timeout=60, env=ENV)
-        pytest.skip(f"this machine refused network namespaces: {up.out.strip()[-300:]}")
+        _cannot(f"this machine refused network namespaces: {up.out.strip()[-300:]}")
     yield
     run(["bash", TOOL, "down"], timeout=60, env=ENV)
 

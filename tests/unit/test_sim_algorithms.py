@@ -31,8 +31,12 @@ def test_trains_digits(algo):
 
 
 def test_dc_asgd_reports_the_compensation_its_real_server_program_applied():
-    record = simulate(["--algo", "dc-asgd", "--workers", "4", "--epochs", "1", "--lam", "0.5"])
-    assert record.get("compensation_rms_norm", 0) > 0
+    """lam=0: the program applies no compensation and the record says exactly 0; lam=0.5: some;
+    lam=1.0 from the same seed: more (the term is linear in lam at equal staleness)."""
+    rms = {lam: simulate(["--algo", "dc-asgd", "--workers", "4", "--epochs", "1", "--lam", str(lam)])
+           ["compensation_rms_norm"] for lam in (0.0, 0.5, 1.0)}
+    assert rms[0.0] == 0.0, rms
+    assert 0 < rms[0.5] < rms[1.0], rms
 
 
 @pytest.mark.parametrize("argv,match", [
