@@ -150,11 +150,20 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("algo", ["lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd"])
 def test_every_algorithm_resumes_in_the_job(tmp_path, algo):
-    ck, metrics = tmp_path / "ck", tmp_path / "m.json"
-    assert train("--algo", algo, "--np", "4", "--epochs", "1", "--checkpoint-dir", str(ck)).returncode == 0
+    """The second run continues the first: it says so with the first run's update count, its epoch 1
+    is the first run's own record (a fresh start would retrain and remeasure it), and its count of
+    updates goes on from there."""
+    ck, metrics, first_metrics = tmp_path / "ck", tmp_path / "m.json", tmp_path / "m1.json"
+    first = train("--algo", algo, "--np", "4", "--epochs", "1", "--checkpoint-dir", str(ck),
+                  "--metrics-out", str(first_metrics))
+    assert first.returncode == 0, first.out[-3000:]
     result = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), "--resume",
                    "--metrics-out", str(metrics))
     assert result.returncode == 0, result.out[-3000:]
-    record = json.loads(metrics.read_text())
+    record, before = json.loads(metrics.read_text()), json.loads(first_metrics.read_text())
     assert [h["epoch"] for h in record["history"]] == [1, 2]
+    assert record["history"][0]["train_loss"] == before["history"][0]["train_loss"], (record, before)
+    assert record["history"][0]["test_accuracy"] == before["history"][0]["test_accuracy"]
+    assert f"epoch 2, {before['updates']} updates so far" in result.out, result.out[-2000:]
+    assert record["updates"] > before["updates"]
     assert record["final_test_accuracy"] >= 0.7, record["history"]
