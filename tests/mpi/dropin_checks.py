@@ -318,6 +318,23 @@ def sparse_embeddings():
         check(moved[:2].all() and not moved[2:].any(), f"asgd/SparseAdam: moved rows {moved.tolist()}")
         everyone_equal(emb.weight.detach().reshape(-1), "asgd/SparseAdam")
         opt.close()
+    for algorithm in algorithms():  # every other algorithm: sparse gradients train, untouched rows stay
+        if algorithm in ("ssgd", "asgd"):
+            continue
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        w0 = emb.weight.detach().clone()
+        opt = ha.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=lr), algorithm=algorithm,
+                                      named_parameters=emb.named_parameters(), **OPTIONS.get(algorithm, {}))
+        for _ in range(4):  # (easgd's centre first moves at its 4th step, tau's default)
+            opt.zero_grad()
+            emb(torch.tensor([rank, rank + 1])).sum().backward()
+            opt.step(loss=1.0)
+        opt.load_global_model()
+        moved = (emb.weight.detach() - w0).abs().sum(dim=1) > 1e-5  # (gossip's exact mean rounds in the last bit)
+        check(moved[:n + 1].all() and not moved[n + 1:].any(), f"{algorithm} sparse: moved rows {moved.tolist()}")
+        everyone_equal(emb.weight.detach().reshape(-1), f"{algorithm} sparse")
+        opt.close()
 
 
 def names_and_requires_grad():
