@@ -81,10 +81,21 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                    help="ssgd: compress gradients to fp16 for the allreduce")
     p.add_argument("--pull-every", type=int, default=d(1),
                    help="asgd: pull the global weights every k steps")
-    p.add_argument("--lam", type=float, default=d(0.04),
-                   help="dc-asgd, lc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive")
-    p.add_argument("--dc-adaptive", action="store_true", default=d(False),
-                   help="dc-asgd, lc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)")
+    p.add_argument("--push-rate", choices=("average", "full"), default=d("average"),
+                   help="asgd, dc-asgd, lc-asgd, dbs-asgd, softsync: each push moves the global weights by 1/workers "
+                        "of the optimizer's step, so a round of pushes makes one ssgd step at the same --lr "
+                        "(average), or by the whole step (full: workers times ssgd's step per epoch)")
+    p.add_argument("--softsync-staleness-lr", action="store_true", default=d(False),
+                   help="softsync: divide each gradient's rate by its staleness (the paper's rule)")
+    p.add_argument("--softsync-momentum", choices=("per-worker", "shared"), default=d("per-worker"),
+                   help="softsync: a momentum buffer per worker on the servers, as dc-asgd keeps "
+                        "(per-worker), or one for every aggregate (shared)")
+    p.add_argument("--lam", type=float, default=d(None),
+                   help="dc-asgd, lc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive "
+                        "(default: dc-asgd 2.0, lc-asgd 0.04)")
+    p.add_argument("--dc-adaptive", action=argparse.BooleanOptionalAction, default=d(None),
+                   help="dc-asgd, lc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a) "
+                        "(default: on for dc-asgd, off for lc-asgd)")
     p.add_argument("--softsync-n", type=int, default=d(None), metavar="N",
                    help="softsync: apply an update per floor(workers/N) gradients, N in 1..workers "
                         "(default: workers)")
@@ -112,8 +123,8 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                    help="easgd: synchronous form (all workers move at the same step)")
     p.add_argument("--local-lr", type=float, default=d(None),
                    help="od-sgd: rate of the local step (default: --lr; 0: ssgd one step late)")
-    p.add_argument("--local-momentum", type=float, default=d(0.0),
-                   help="od-sgd: momentum of the local step")
+    p.add_argument("--local-momentum", type=float, default=d(None),
+                   help="od-sgd: momentum of the local step (default: --momentum)")
     p.add_argument("--od-exchange", choices=("window", "allreduce"), default=d("window"),
                    help="od-sgd: global step on parameter servers (window) or by Horovod allreduce "
                         "among the workers (allreduce, no server)")
@@ -194,7 +205,7 @@ def _yaml_value(path: str, key, value, action: argparse.Action):
         if action.default is not None:
             raise ConfigError(f"--config {path}: {key} has no value; give one or leave the key out")
         return value
-    if isinstance(action, argparse._StoreTrueAction):
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
         if not isinstance(value, bool):
             raise ConfigError(f"--config {path}: {key}: invalid value {value!r}; accepted: true or false")
         return value
@@ -257,12 +268,12 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     if not args.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
     for name in ("momentum", "weight_decay", "compute_ms", "lam", "local_momentum"):
-        if not getattr(args, name) >= 0:
+        if getattr(args, name) is not None and not getattr(args, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.local_lr is not None and not args.local_lr >= 0:
         raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
     for name in ("momentum", "local_momentum"):
-        if not getattr(args, name) < 1:
+        if getattr(args, name) is not None and not getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be < 1, got {getattr(args, name)}")
     for name in ("lr", "weight_decay", "compute_ms", "lam", "local_lr"):
         if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
@@ -363,27 +374,34 @@ def _validate_checkpoints(args: argparse.Namespace) -> None:
         raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
 
 
+def _given(options: Dict) -> Dict:
+    """The options without those left unset (None): the algorithm's own default applies."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def algorithm_options(args: argparse.Namespace) -> Dict:
     """The keyword options of DistributedOptimizer that the job's flags set."""
     if args.algo == "ssgd":
         return {"backward_passes_per_step": args.backward_passes_per_step,
                 "compression": "fp16" if args.fp16_allreduce else "none"}
     if args.algo == "asgd":
-        return {"pull_every": args.pull_every}
+        return {"pull_every": args.pull_every, "push_rate": args.push_rate}
     if args.algo == "dc-asgd":
-        return {"lam": args.lam, "adaptive": args.dc_adaptive}
+        return _given({"lam": args.lam, "adaptive": args.dc_adaptive, "push_rate": args.push_rate})
     if args.algo == "lc-asgd":
-        return {"lam": args.lam, "adaptive": args.dc_adaptive, "predictor": args.predictor,
-                "r_min": args.r_min, "loss_term": not args.no_loss_term}
+        return _given({"lam": args.lam, "adaptive": args.dc_adaptive, "predictor": args.predictor,
+                       "r_min": args.r_min, "loss_term": not args.no_loss_term, "push_rate": args.push_rate})
     if args.algo == "softsync":
-        return {"n": args.softsync_n}
+        return {"n": args.softsync_n, "momentum": args.softsync_momentum, "push_rate": args.push_rate,
+                "staleness_lr": args.softsync_staleness_lr}
     if args.algo == "gossip":
         return {"every": args.gossip_every, "variant": args.gossip_variant, "topology": args.gossip_topology,
                 "seed": args.seed}
     if args.algo == "easgd":
         return {"tau": args.tau, "alpha": args.alpha, "rho": args.rho, "synchronous": args.easgd_sync}
     if args.algo == "dbs-asgd":
-        return {"batch_size": args.batch_size, "every": args.dbs_every, "pull_every": args.pull_every}
+        return {"batch_size": args.batch_size, "every": args.dbs_every, "pull_every": args.pull_every,
+                "push_rate": args.push_rate}
     if args.algo == "od-sgd":
         return {"local_lr": args.local_lr, "local_momentum": args.local_momentum, "exchange": args.od_exchange}
     if args.algo == "hpsgd":

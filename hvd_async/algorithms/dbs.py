@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..checks import is_int_at_least
-from .ps import ASGD
+from .ps import ASGD, check_push_rate
 
 
 @dataclass
@@ -40,8 +40,10 @@ class DBSASGDOptions:
     min_batch: int = 1
     max_batch: Optional[int] = None
     pull_every: int = 1
+    push_rate: str = "average"
 
     def __post_init__(self):
+        check_push_rate(self.push_rate)
         if not is_int_at_least(self.batch_size, 1):
             raise ValueError(f"batch_size (the nominal batch per worker; the global batch is "
                              f"workers x batch_size) must be an integer >= 1, got {self.batch_size!r}")
@@ -64,7 +66,7 @@ class DBSASGD(ASGD):
         every: steps between re-measures (default 10).
         smoothing: weight of the past in the speed's moving average (default 0.5).
         min_batch, max_batch: bounds of a worker's batch (default 1 and the global batch).
-        pull_every: as asgd's.
+        pull_every, push_rate: as asgd's.
 
     Example::
 

@@ -16,8 +16,9 @@ Where optimizer state lives:
   server shards; the wrapped optimizer's own ``state`` stays empty. dc-asgd keeps one momentum
   buffer per worker (what asgd keeps on each worker, so that dc-asgd with ``lam=0`` is asgd; one
   buffer shared by all pushes, as MXNet's DCASGD has, adds the implicit momentum of asynchrony to
-  the explicit one and diverged on digits at momentum 0.9); softsync, whose update is one
-  aggregate, keeps one (synchronous SGD's). dc-asgd's backups ``w_bak(m)`` are the server's
+  the explicit one and diverged on digits at momentum 0.9); softsync keeps one per worker as well
+  (an aggregate is the mean of the workers' momentum directions; ``momentum='shared'`` keeps one
+  buffer for every aggregate). dc-asgd's backups ``w_bak(m)`` are the server's
   per-worker outbox slots: exactly what worker m received.
 
 Gradients holding NaN or infinity are never pushed: the worker skips the exchange, counts the step
@@ -178,14 +179,31 @@ def load_server_state_dict(transport, state: Dict) -> None:
     transport.barrier()
 
 
+PUSH_RATES = ("average", "full")
+
+
+def check_push_rate(value) -> None:
+    if value not in PUSH_RATES:
+        raise ValueError(f"push_rate must be 'average' (each push moves the global weights by "
+                         f"1/workers of the optimizer's step: a round of pushes makes one ssgd step) "
+                         f"or 'full' (each push a whole step), got {value!r}")
+
+
+def push_scale(options, workers: int) -> float:
+    """What one push's step is multiplied by: ``1 / workers`` under ``push_rate='average'``, else 1."""
+    return 1.0 / workers if options.push_rate == "average" else 1.0
+
+
 @dataclass
 class ASGDOptions:
     pull_every: int = 1
+    push_rate: str = "average"
 
     def __post_init__(self):
         if not is_int_at_least(self.pull_every, 1):
             raise ValueError(f"pull_every must be an integer >= 1 (pull the global weights every k "
                              f"steps), got {self.pull_every!r}")
+        check_push_rate(self.push_rate)
 
 
 def _wire(compression) -> str:
@@ -195,13 +213,15 @@ def _wire(compression) -> str:
 
 @dataclass
 class DCASGDOptions:
-    lam: float = 0.04
-    adaptive: bool = False
+    lam: float = 2.0
+    adaptive: bool = True
     ms_momentum: float = 0.95
     compression: Any = "none"  # 'fp16': gradients and weights cross the network in half precision
+    push_rate: str = "average"
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
         _check_dc_numbers(self.lam, self.ms_momentum)
         DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
         if not isinstance(self.adaptive, bool):
@@ -221,9 +241,11 @@ class LCASGDOptions:
     r_max: float = 1.0
     min_history: int = 4
     compression: Any = "none"
+    push_rate: str = "average"
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
         _check_dc_numbers(self.lam, self.ms_momentum)
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
@@ -234,7 +256,7 @@ class LCASGDOptions:
         LCRule(**self.rule_options())  # validates
 
     def rule_options(self) -> Dict:
-        return {k: v for k, v in vars(self).items() if k != "compression"}
+        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate")}
 
 
 def _check_dc_numbers(lam, ms_momentum) -> None:
@@ -261,11 +283,17 @@ def _predictor_keywords(name: str) -> List[str]:
 @dataclass
 class SoftSyncOptions:
     n: Optional[int] = None
-    staleness_lr: bool = True
+    staleness_lr: bool = False
     compression: Any = "none"
+    momentum: str = "per-worker"
+    push_rate: str = "average"
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
+        if self.momentum not in ("per-worker", "shared"):
+            raise ValueError(f"momentum must be 'per-worker' (one buffer per worker, as asgd and dc-asgd "
+                             f"keep) or 'shared' (one buffer for every aggregate), got {self.momentum!r}")
         if self.n is not None and not is_int_at_least(self.n, 1):
             raise ValueError(f"n must be an integer between 1 and the number of workers, got {self.n!r}")
         if not isinstance(self.staleness_lr, bool):
@@ -369,8 +397,15 @@ class ASGD(PSStrategy):
     lands, in any order), then pulls the global weights (every ``pull_every`` steps; in between the
     worker goes on from its own weights). No barrier anywhere.
 
+    Rate: with ``push_rate='average'`` (the default) each push adds ``1 / workers`` of the change,
+    so that one push from every worker moves the global weights as far as one ssgd step of the
+    averaged gradient at the same ``lr``: an epoch makes ssgd's progress, and the hyperparameters
+    that trained ssgd train asgd. ``push_rate='full'`` adds the whole change (workers times ssgd's
+    step per epoch: divide ``lr`` by the workers yourself).
+
     Options:
         pull_every: pull the global weights every k steps (default 1).
+        push_rate: ``'average'`` (default) or ``'full'``, as above.
     """
 
     name = "asgd"
@@ -381,12 +416,15 @@ class ASGD(PSStrategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self._before = torch.empty_like(self.model.flat)
         self._delta = torch.empty_like(self.model.flat)
+        self._scale = push_scale(options, transport.size)
 
     def _exchange(self, grad, loss) -> None:
         self._before.copy_(self.model.flat)
         self.optimizer.step()
         self.model.store_params()
         torch.sub(self.model.flat, self._before, out=self._delta)
+        if self._scale != 1.0:
+            self._delta.mul_(self._scale)
         self._record(self.transport.accumulate(self._delta))
         self.global_pushes = int(self.transport.latest_versions[0])
         if (self.steps + 1) % self.options.pull_every == 0:
@@ -413,6 +451,11 @@ class _MailboxStrategy(PSStrategy):
     runs_user_optimizer = False  # the rule's SGD runs on the servers
     compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
 
+    def __init__(self, optimizer, named_parameters, transport, options):
+        super().__init__(optimizer, named_parameters, transport, options)
+        # softsync scales its aggregates on the server (it knows how many gradients each holds)
+        self._scale = 1.0 if self.name == "softsync" else push_scale(options, transport.size)
+
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
         check_server_sgd(cls.name, optimizer)
@@ -423,6 +466,7 @@ class _MailboxStrategy(PSStrategy):
 
     def _exchange(self, grad, loss) -> None:
         header = self.hyper(self.optimizer)
+        header[W.H_LR] *= self._scale
         if loss is not None:
             header[W.H_LOSS] = float(loss)
         answers = self.transport.push(grad, self.model.flat, header)
@@ -457,13 +501,18 @@ class DCASGD(_MailboxStrategy):
     """dc-asgd: the server applies ``w -= lr * (g + lam * g * g * (w - w_bak(m)))`` per push.
 
     Options:
-        lam: compensation strength (default 0.04; 0 gives asgd's update).
-        adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients.
+        lam: compensation strength (default 2.0, the paper's lam0 for DC-ASGD-a; 0 gives asgd's
+            update).
+        adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients
+            (default True: a constant lam of 0.04, the default before, added 1e-4 of the gradient's
+            norm on digits, nothing measurable; the adaptive lam 2 adds 1 to 6 %).
         ms_momentum: decay of that mean square (default 0.95).
         compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
             weights in half precision, half the bytes; the servers keep and update fp32 weights.
             A gradient element beyond fp16's range (65504) arrives as infinity and the push is
             skipped, as any non-finite one.
+        push_rate: ``'average'`` (default: the server applies ``lr / workers`` per push, so a round
+            of pushes makes one ssgd step, as asgd's) or ``'full'`` (``lr`` per push).
     """
 
     name = "dc-asgd"
@@ -511,14 +560,23 @@ class LCASGD(DCASGD):
 
 
 class SoftSync(_MailboxStrategy):
-    """softsync (n-softsync): the server applies one update per ``c = floor(workers / n)`` gradients,
-    each divided by its staleness; ``n=1`` is synchronous SGD, ``n=workers`` asgd with a
-    staleness-scaled rate.
+    """softsync (n-softsync): the server applies one update per ``c = floor(workers / n)`` gradients
+    (their mean, each optionally divided by its staleness); ``n=1`` is synchronous SGD, ``n=workers``
+    asgd.
 
     Options:
         n: 1 .. workers (default: workers).
-        staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (default True).
+        push_rate: ``'average'`` (default: an aggregate of ``c`` gradients takes ``c / workers``
+            of ``lr``, so the ``n`` aggregates of a round of pushes make one ssgd step, as asgd's
+            pushes do) or ``'full'`` (``lr`` per aggregate).
+        staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (the paper's rule;
+            default False: on top of ``push_rate='average'`` it halves the progress per epoch
+            again, and with ``'full'`` it lost up to 5 points on digits, see docs/guide.md).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
+        momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
+            its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,
+            so ``n=1`` is ssgd and ``n=workers`` with ``staleness_lr=False`` is asgd with
+            ``push_rate='full'``) or ``'shared'`` (one buffer for every aggregate).
     """
 
     name = "softsync"
@@ -544,7 +602,8 @@ class SoftSync(_MailboxStrategy):
 
     @classmethod
     def server_options(cls, options) -> Dict:
-        return {"n": options.n, "staleness_lr": options.staleness_lr}
+        return {"n": options.n, "staleness_lr": options.staleness_lr, "momentum": options.momentum,
+                "push_rate": options.push_rate}
 
     @classmethod
     def server_program(cls, host):
@@ -702,18 +761,25 @@ class _LCProgram(_DCProgram):
         loss = float(header[W.H_LOSS])
         self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
-                                     version_now=self.host.version)
+                                     version_now=self.host.version, version_pulled=self.held[worker])
 
 
 class _SoftSyncProgram(_MailboxProgram):
     outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
 
-    def __init__(self, host, n, staleness_lr):
+    def __init__(self, host, n, staleness_lr, momentum="shared", push_rate="full"):
         super().__init__(host)
         self.c = max(1, host.spec.workers // n)
         self.scale = staleness_lr
+        # 'average': an aggregate of c gradients takes c / workers of the rate, so that the
+        # aggregates of one round of pushes (one per worker) make one ssgd step
+        self.rate = self.c / host.spec.workers if push_rate == "average" else 1.0
         self.pending: List = []
         self.mean = torch.zeros_like(host.weights)
+        # 'per-worker': each worker's gradients go through its own momentum buffer (dc-asgd's and
+        # asgd's), and the aggregate is the staleness-scaled mean of the workers' directions: n=1 is
+        # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
+        self.momentum = [{} for _ in range(host.spec.workers)] if momentum == "per-worker" else None
 
     def on_push(self, worker, grad, header) -> None:
         self.pending.append((worker, header))
@@ -723,7 +789,15 @@ class _SoftSyncProgram(_MailboxProgram):
         if self.pending:
             raise RuntimeError(f"{len(self.pending)} gradient(s) wait for the "
                                f"aggregate; save after load_global_model() on every worker")
-        return super().state_dict()
+        state = super().state_dict()
+        if self.momentum is not None:
+            state["momentum"] = [_tensors_copy(buf) for buf in self.momentum]
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        if self.momentum is not None and "momentum" in state:
+            self.momentum = [_tensors_copy(buf) for buf in state["momentum"]]
 
     def on_leave(self, worker) -> None:
         super().on_leave(worker)
@@ -735,8 +809,19 @@ class _SoftSyncProgram(_MailboxProgram):
             return
         workers = [m for m, _ in self.pending]
         staleness = [self.staleness(m) for m in workers]
-        staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
-        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
+        if self.momentum is None:
+            staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
+            if self.rate != 1.0:
+                self.mean.mul_(self.rate)
+            self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
+        else:
+            directions = []
+            for m, header in self.pending:
+                kwargs = self.step_kwargs(header)
+                del kwargs["lr"]
+                directions.append(self.sgd.direction(self.host.weights, self.host.inbox[m], self.momentum[m], **kwargs))
+            staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
+            self.host.weights.add_(self.mean, alpha=-self.rate * self.step_kwargs(self.pending[-1][1])["lr"])
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         for m, s in zip(workers, staleness):

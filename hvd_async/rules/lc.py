@@ -15,8 +15,8 @@ at version ``v_now``, to weights ``w`` that other workers have moved meanwhile.
   ``L(w) - L* = 1/2 (w - w*)^T H (w - w*)``, so ``grad L(w) = H (w - w*)``. For an isotropic
   ``H = h I``, ``||grad L(w)||^2 = h^2 ||w - w*||^2 = 2 h (L(w) - L*)``: the gradient's norm goes as
   ``sqrt(L - L*)``. The gradient worker ``m`` would compute at ``v_now`` is therefore about ``r``
-  times the one it sent, with ``r = sqrt((Lhat(v_now) - floor) / (L - floor))``, where
-  ``Lhat(v_now)`` is ``m``'s loss at ``v_now`` as predicted from ``m``'s own reports
+  times the one it sent, with ``r = sqrt((Lhat(v_now) - floor) / (Lhat(v_bak) - floor))``, where
+  ``Lhat(v)`` is ``m``'s loss at version ``v`` as predicted from ``m``'s own reports
   (:mod:`hvd_async.rules.loss_prediction`) and ``floor`` stands for ``L*`` (0 for cross-entropy).
   The prediction does not decay with the delay the way the Taylor term's accuracy does: it follows
   the loss curve, which is what lets the compensation reach further.
@@ -32,10 +32,10 @@ DC-ASGD-a's adaptive one), then an :class:`SGDRule` step (weight decay and momen
 
 Order of calls for one push: ``observe(state, m, v_bak, L)`` first (the push's own report joins
 ``m``'s history, so the fit includes it), then ``apply_(..., worker=m, loss=L, version_now=v_now)``.
-``apply_`` does not observe by itself. Caveat: ``L`` is one mini-batch's loss, so ``r`` carries
-its noise; with ``r_max = 1`` a noisily high ``L`` damps and a noisily low one is clipped, so even
-at zero delay the mean ``r`` sits a little below 1 (by about a fifth of ``L``'s relative noise:
-``E[min(1, 1 - e / 2)] = 1 - sigma / (2 sqrt(2 pi))`` for ``L = Lhat (1 + e)``, ``e ~ N(0, sigma^2)``).
+``apply_`` does not observe by itself. Both ends of the ratio are the predictor's (``v_bak`` is
+passed as ``version_pulled``): dividing by the pushed mini-batch loss ``L`` instead, as an earlier
+version did, made ``r`` carry one batch's noise, below 1 on average even at zero delay (a random
+rate cut); now ``r`` is exactly 1 at zero delay and departs from 1 as the delay grows.
 """
 import math
 import time
@@ -143,8 +143,12 @@ class LCRule(Rule):
         state["predictor_seconds"] += time.perf_counter() - start
         state["predictor_calls"] += 1
 
-    def scale(self, state, worker: int, loss: Optional[float], version_now: int) -> float:
-        """``r = clip(sqrt((Lhat(version_now) - floor) / (loss - floor)), r_min, r_max)``; 1.0 without
+    def scale(self, state, worker: int, loss: Optional[float], version_now: int,
+              version_pulled: Optional[int] = None) -> float:
+        """``r = clip(sqrt((Lhat(version_now) - floor) / (Lhat(version_pulled) - floor)), r_min, r_max)``:
+        the predictor's own values at both ends, so that ``r`` is exactly 1 at zero delay (dividing
+        by the pushed mini-batch ``loss`` instead, as before, made ``r`` a random rate cut there).
+        ``version_pulled`` None (the old call) uses ``loss`` as the denominator. 1.0 without
         ``loss_term``, before ``min_history`` reports, or for a missing or invalid ``loss``."""
         r = 1.0
         predictor = state["predictors"].get(worker)
@@ -152,23 +156,26 @@ class LCRule(Rule):
                 and math.isfinite(loss) and loss > self.floor):
             start = time.perf_counter()
             predicted = predictor.predict(version_now)
+            then = loss if version_pulled is None else predictor.predict(version_pulled)
             state["predictor_seconds"] += time.perf_counter() - start
             state["predictor_calls"] += 1
-            r = math.sqrt((predicted - self.floor) / (loss - self.floor))
-            r = min(max(r, self.r_min), self.r_max)
+            if then > self.floor and math.isfinite(then) and math.isfinite(predicted):
+                r = math.sqrt(max(0.0, predicted - self.floor) / (then - self.floor))
+                r = min(max(r, self.r_min), self.r_max)
         state["scale_sum"] += r
         state["scale_calls"] += 1
         return r
 
     def compensated(self, weights, grad, state, worker: int, *, loss: Optional[float],
-                    version_now: int) -> torch.Tensor:
+                    version_now: int, version_pulled: Optional[int] = None) -> torch.Tensor:
         """``r * (g + lam_t * g * g * (w - w_bak(worker)))`` as a new tensor."""
-        r = self.scale(state, worker, loss, version_now)
+        r = self.scale(state, worker, loss, version_now, version_pulled)
         step = self._dc.compensated(weights, grad, state, worker)
         return step if r == 1.0 else step.mul_(r)
 
     def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
-               weight_decay=0.0, loss=None, version_now=0):
-        step = self.compensated(weights, grad, state, worker, loss=loss, version_now=version_now)
+               weight_decay=0.0, loss=None, version_now=0, version_pulled=None):
+        step = self.compensated(weights, grad, state, worker, loss=loss, version_now=version_now,
+                                version_pulled=version_pulled)
         return self._sgd.apply_(weights, step, state, lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)

@@ -22,8 +22,9 @@ class SGDRule(Rule):
 
     name = "sgd"
 
-    def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
-               weight_decay=0.0, nesterov=False):
+    def direction(self, weights, grad, state, *, momentum=0.0, weight_decay=0.0, nesterov=False):
+        """The step's direction ``d`` (``w <- w - lr * d``), updating the momentum buffer in ``state``;
+        a new tensor or ``grad`` itself (without momentum and weight decay)."""
         if weight_decay:
             grad = grad.add(weights, alpha=weight_decay)
         if momentum:
@@ -33,7 +34,13 @@ class SGDRule(Rule):
             else:
                 buf.mul_(momentum).add_(grad)
             grad = grad.add(buf, alpha=momentum) if nesterov else buf
-        return weights.add_(grad, alpha=-lr)
+        return grad
+
+    def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
+               weight_decay=0.0, nesterov=False):
+        step = self.direction(weights, grad, state, momentum=momentum, weight_decay=weight_decay,
+                              nesterov=nesterov)
+        return weights.add_(step, alpha=-lr)
 
 
 def mean_(grads, out: torch.Tensor) -> torch.Tensor:

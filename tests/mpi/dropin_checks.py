@@ -158,14 +158,14 @@ def _grads_of(model, seeds, passes=1):
 
 def _expected(algorithm, w0, grads, lr, clip=None):
     """ssgd: one step of the averaged (then clipped) gradient; asgd: every worker's own (clipped)
-    gradient step added into the global weights."""
+    gradient step, times 1 / workers (push_rate 'average'), added into the global weights."""
     def clipped(g):
         if clip is None:
             return g
         return g * min(1.0, clip / (float(g.norm()) + 1e-6))
     if algorithm == "ssgd":
         return w0 - lr * clipped(sum(grads) / len(grads))
-    return w0 - lr * sum(clipped(g) for g in grads)
+    return w0 - lr * sum(clipped(g) for g in grads) / len(grads)
 
 
 def clipping_and_accumulation():
@@ -300,7 +300,7 @@ def sparse_embeddings():
         for r in range(n):
             grad[r] += 1
             grad[r + 1] += 1
-        want = w0 - lr * (grad / n if algorithm == "ssgd" else grad)
+        want = w0 - lr * grad / n  # ssgd averages; asgd adds each push at lr / workers
         check(torch.allclose(emb.weight.detach(), want, atol=1e-6), f"{algorithm} sparse_as_dense={dense}: weights off")
         opt.close()
     if ha.num_servers():

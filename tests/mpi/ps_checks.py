@@ -139,7 +139,7 @@ def dc_formula():
             ms = 0.9 * ms + 0.1 * g * g
             lam_t = lam / np.sqrt(ms + 1e-7) if adaptive else lam
             buf[m] = momentum * buf[m] + g + lam_t * g * g * (w - backup[m])
-            w = w - 0.1 * buf[m]
+            w = w - 0.1 / workers * buf[m]  # push_rate 'average' (the default): lr / workers per push
             backup[m] = w.copy()
         check(np.allclose(got.double().numpy(), w, rtol=1e-5, atol=1e-5),
               f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum}: max error "
@@ -170,9 +170,9 @@ def lc_formula():
             predictor = shared if pooled else own[m]
             predictor.observe(held[m], loss)
             r = 1.0
-            if predictor.ready:
-                r = min(max(np.sqrt(predictor.predict(version) / loss), 0.25), 1.0)
-            w = w - lr * r * (g + lam * g * g * (w - backup[m]))
+            if predictor.ready:  # the predictor's own loss now over its loss at the version pulled
+                r = min(max(np.sqrt(predictor.predict(version) / predictor.predict(held[m])), 0.25), 1.0)
+            w = w - lr / workers * r * (g + lam * g * g * (w - backup[m]))
             version += 1
             backup[m], held[m] = w.copy(), version
         return w
@@ -183,7 +183,7 @@ def lc_formula():
     if workers > 1:
         pooled = np.abs(got.double().numpy() - replay(pooled=True)).max()
         check(pooled > 10 * max(err, 1e-6), f"lc-asgd: a pooled-history replay is as close ({pooled:.2e})")
-    dc = _run("dc-asgd", init, grads, lr=lr, rounds=rounds, lam=lam)
+    dc = _run("dc-asgd", init, grads, lr=lr, rounds=rounds, lam=lam, adaptive=False)
     off = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, loss_term=False)
     check(torch.equal(off, dc), f"lc-asgd without the loss term != dc-asgd: {(off - dc).abs().max()}")
     check(workers == 1 or not torch.equal(got, dc), "lc-asgd's loss term changed nothing")
@@ -218,24 +218,32 @@ def dbs_cursor():
 
 
 def equivalences():
-    """dc-asgd with lam=0 and softsync with n=workers (rate not scaled) equal asgd exactly; softsync
-    with the rate scaled follows g / max(1, staleness); 1-softsync equals ssgd's averaging."""
+    """With the whole rate per push: dc-asgd with lam=0 and softsync with n=workers (rate not scaled)
+    equal asgd exactly; softsync with the rate scaled follows g / max(1, staleness); 1-softsync equals
+    ssgd's averaging. With the default push_rate='average', each push is lr / workers."""
     workers, numel, rounds = ha.size(), 29, 6
     init = (torch.arange(numel) % 5).float()
     grads = _sequence(numel, rounds * workers, integer=True)  # with lr=0.5 every sum is exact
-    asgd = _run("asgd", init, grads, lr=0.5, rounds=rounds)
-    dc0 = _run("dc-asgd", init, grads, lr=0.5, rounds=rounds, lam=0.0)
-    soft = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers, staleness_lr=False)
+    full = {"push_rate": "full"}
+    asgd = _run("asgd", init, grads, lr=0.5, rounds=rounds, **full)
+    dc0 = _run("dc-asgd", init, grads, lr=0.5, rounds=rounds, lam=0.0, **full)
+    soft = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers, staleness_lr=False, **full)
     check(torch.equal(dc0, asgd), f"dc-asgd lam=0 != asgd: {(dc0 - asgd).abs().max()}")
     check(torch.equal(soft, asgd), f"softsync n=workers != asgd: {(soft - asgd).abs().max()}")
-    lazy = _run("asgd", init, grads, lr=0.5, rounds=rounds, pull_every=3)  # plain SGD's deltas do not
+    lazy = _run("asgd", init, grads, lr=0.5, rounds=rounds, pull_every=3, **full)  # plain SGD's deltas do not
     check(torch.equal(lazy, asgd), "asgd pull_every=3 lost or repeated a push")  # depend on the weights
-    scaled = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers)
+    scaled = _run("softsync", init, grads, lr=0.5, rounds=rounds, n=workers, staleness_lr=True, **full)
     w = init.double().numpy().copy()
     for turn, g in enumerate(grads):  # round robin: worker m last received the weights of its turn
         staleness = min(turn, workers - 1)
         w = w - 0.5 * g.double().numpy() / max(1, staleness)
     check(np.allclose(scaled.double().numpy(), w, rtol=1e-6, atol=1e-6), "softsync's scaled rate is off")
+    # the default, push_rate='average': every algorithm's round of pushes is one step of lr / workers each
+    want = init.double().numpy() - 0.5 / workers * sum(g.double().numpy() for g in grads)
+    for algorithm, options in (("asgd", {}), ("dc-asgd", {"lam": 0.0}), ("softsync", {"n": workers})):
+        got = _run(algorithm, init, grads, lr=0.5, rounds=rounds, **options).double().numpy()
+        check(np.allclose(got, want, rtol=1e-6, atol=1e-6), f"{algorithm}: push_rate='average' is off "
+              f"by {np.abs(got - want).max():.2e}")
 
     # 1-softsync: every worker pushes each round; the server averages all of them (like ssgd)
     def lockstep(algorithm, **options):
@@ -263,9 +271,9 @@ def nonfinite():
     poisoned = [g.clone() for g in grads]
     poisoned[0][3] = float("nan")  # worker 0's first push
     for algorithm in ("asgd", "dc-asgd", "softsync"):
-        options = {"lam": 0.0} if algorithm == "dc-asgd" else {}
+        options = {"lam": 0.0, "push_rate": "full"} if algorithm == "dc-asgd" else {"push_rate": "full"}
         if algorithm == "softsync":
-            options = {"n": workers, "staleness_lr": False}
+            options = {"n": workers, "staleness_lr": False, "push_rate": "full"}
         param = torch.nn.Parameter(init.clone())
         opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=0.5), named_parameters=[("w", param)],
                                       algorithm=algorithm, **options)

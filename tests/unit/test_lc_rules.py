@@ -323,3 +323,24 @@ def test_per_call_cost_at_window_32(name):
             print(f"\n{name} {what}, torch threads {threads}: median {statistics.median(values):.1f} us "
                   f"(p10 {q[0]:.1f}, p90 {q[-1]:.1f}; {len(values)} calls, window 32)", end="")
     print()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ratio_is_one_at_zero_delay_and_moves_away_with_the_delay(seed):
+    """The ratio's two ends are the predictor's (at the version pulled and at the version applied to):
+    at zero delay r is 1 whatever the mini-batch noise; the longer the delay on a falling loss, the
+    further below 1. The pushed loss as denominator (the call without version_pulled) is a random
+    rate cut at zero delay: its mean sits well below 1 on the same reports."""
+    _, observed = _curve("medium", seed, 0.2, 400)
+    rule = LCRule(0.0, r_min=0.01)
+    state = rule.init(torch.zeros(1))
+    values = {0: [], 4: [], 16: []}
+    for v in range(20, 400):
+        rule.observe(state, 0, v, float(observed[v]))  # the push's own report first, as the server does
+        for delay in values:
+            values[delay].append(rule.scale(state, 0, float(observed[v]), v + delay, version_pulled=v))
+    means = {delay: statistics.mean(r) for delay, r in values.items()}
+    old = statistics.mean(rule.scale(state, 0, float(observed[v]), v) for v in range(20, 400))
+    assert means[0] == pytest.approx(1.0, abs=0.02)
+    assert means[0] > means[4] > means[16]
+    assert old < 0.98

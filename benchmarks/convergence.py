@@ -1,0 +1,270 @@
+"""convergence: every algorithm at ssgd's hyperparameters, against ssgd, in real runs under mpirun.
+
+The question a user asks before switching: keep the learning rate, momentum and batch size that
+trained the model with ssgd, change the algorithm's name, and do I get the same model? Each run is
+the reference training job (``hvd-async train``, scikit-learn's digits, defaults: lr 0.1, momentum
+0.9, batch 32 per worker, 8 epochs) with one flag changed, ``--algo``; parameter-server algorithms
+get one server rank on top of the workers. Settings (``--settings``):
+
+- ``mlp-4``, ``cnn-4``: 4 workers, the digits MLP and CNN;
+- ``cnn-8``: 8 workers;
+- ``cnn-4-straggler``: 4 workers, worker 0's steps three times as long (``--straggler 0=3``).
+
+The criterion, fixed before the runs: in every setting, an algorithm **passes** when its mean final
+test accuracy over the seeds is at least ssgd's mean minus ``--margin`` (1 point) and no run
+diverged (final train loss not finite, or final test accuracy below ``--diverged-below``, 0.5).
+Beside the verdict: each run's final accuracy and loss, and the wall seconds until its test
+accuracy first reached ssgd's mean final accuracy minus the margin (None: never, within the
+epochs). ``--flags`` adds flags to every run but ssgd's (ablations: ``--flags="--push-rate full"``).
+
+Results are written after every run (a rerun with the same ``--out`` skips the runs already in it,
+``--fresh`` starts over), as JSON with its provenance and a plot, in benchmarks/results/.
+
+    python benchmarks/convergence.py                                   # the whole study, about an hour here
+    python benchmarks/convergence.py --settings cnn-4 --algos ssgd,asgd --seeds 11,12
+    python benchmarks/convergence.py --quick --out /tmp/c.json         # a tiny form (about a minute)
+"""
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+
+from common import HERE, apply_quick, pyplot, quick_help, train_job, write_record
+
+ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd")
+SERVERLESS = ("ssgd", "hpsgd", "gossip")  # everything else gets one server rank on top of the workers
+SETTINGS = {  # name -> (model, workers, straggler flags, seeds used by default)
+    "mlp-4": ("mlp", 4, [], 5),
+    "cnn-4": ("cnn", 4, [], 5),
+    "cnn-8": ("cnn", 8, [], 2),
+    "cnn-4-straggler": ("cnn", 4, ["--straggler", "0=3"], 2),
+}
+SEEDS = (11, 12, 13, 14, 15)
+QUICK = {"settings": "mlp-4", "algos": "ssgd,asgd", "seeds": "11", "epochs": 2}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of: {', '.join(SETTINGS)}")
+    p.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated; ssgd is always run (the yardstick)")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated seeds for every setting (default: the first 5 of "
+                        f"{','.join(map(str, SEEDS))} at 4 workers, 2 for cnn-8 and cnn-4-straggler)")
+    p.add_argument("--epochs", type=int, default=8, help="epochs of every run")
+    p.add_argument("--margin", type=float, default=0.01, help="pass: mean final accuracy >= ssgd's mean minus this")
+    p.add_argument("--diverged-below", type=float, default=0.5,
+                   help="a run whose final test accuracy is below this (or whose loss is not finite) diverged")
+    p.add_argument("--flags", default="", help="extra flags for every run except ssgd's (one string)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before a run counts as failed")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny form, to check the script (about a minute): " + quick_help(QUICK).split(": ", 1)[1])
+    p.add_argument("--fresh", action="store_true", help="ignore the runs already in --out")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print the verdicts and a Markdown table of the runs in --out")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "convergence.json"), help="JSON path")
+    args = p.parse_args(argv)
+    apply_quick(p, args, QUICK)
+    args.setting_list = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in args.setting_list if s not in SETTINGS]
+    if unknown:
+        p.error(f"unknown setting(s) {', '.join(unknown)}; choose from: {', '.join(SETTINGS)}")
+    args.algo_list = ["ssgd"] + [a for a in args.algos.split(",") if a and a != "ssgd"]
+    bad = [a for a in args.algo_list if a not in ALGORITHMS]
+    if bad:
+        p.error(f"unknown algorithm(s) {', '.join(bad)}; choose from: {', '.join(ALGORITHMS)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s] if args.seeds else None
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: give integers separated by commas, e.g. 11,12")
+    if args.epochs < 1 or not 0 <= args.margin < 1:
+        p.error("--epochs must be >= 1 and --margin in [0, 1)")
+    return args
+
+
+def seeds_for(args, setting):
+    return args.seed_list or list(SEEDS[:SETTINGS[setting][3]])
+
+
+def flags_for(args, setting, algo, seed):
+    model, workers, straggler, _ = SETTINGS[setting]
+    servers = 0 if algo in SERVERLESS else 1
+    flags = ["--algo", algo, "--np", workers + servers, "--servers", servers, "--model", model,
+             "--epochs", args.epochs, "--seed", seed, *straggler]
+    return flags + (shlex.split(args.flags) if algo != "ssgd" else [])
+
+
+def key(setting, algo, seed):
+    return f"{setting}/{algo}/{seed}"
+
+
+def run_one(args, setting, algo, seed) -> dict:
+    flags = flags_for(args, setting, algo, seed)
+    start = time.time()
+    try:
+        record = train_job(flags, timeout=args.timeout)
+    except (SystemExit, Exception) as failure:  # a failed or hung run is a result, not the end of the study
+        return {"setting": setting, "algo": algo, "seed": seed, "failed": str(failure)[-500:],
+                "flags": list(map(str, flags)), "seconds": round(time.time() - start, 1)}
+    curve = [(h["wall_seconds"], h["test_accuracy"]) for h in record["history"]]
+    return {"setting": setting, "algo": algo, "seed": seed, "flags": list(map(str, flags)),
+            "final_test_accuracy": record["final_test_accuracy"], "final_train_loss": record["final_train_loss"],
+            "wall_seconds": record["wall_seconds"], "curve": curve, "staleness_mean": record.get("staleness_mean"),
+            "compensation_relative": record.get("compensation_relative"),
+            "seconds": round(time.time() - start, 1)}
+
+
+def diverged(run, args) -> bool:
+    if "failed" in run:
+        return True
+    loss = run["final_train_loss"]
+    return loss is None or not math.isfinite(loss) or run["final_test_accuracy"] < args.diverged_below
+
+
+def time_to(curve, target):
+    """Wall seconds at the first epoch whose test accuracy reached ``target`` (None: none did)."""
+    for seconds, accuracy in curve:
+        if accuracy >= target:
+            return seconds
+    return None
+
+
+def summarize(args, runs) -> dict:
+    table = {}
+    for setting in args.setting_list:
+        mine = [r for r in runs.values() if r["setting"] == setting]
+        ssgd = [r["final_test_accuracy"] for r in mine if r["algo"] == "ssgd" and "failed" not in r]
+        if not ssgd:
+            continue
+        reference = statistics.mean(ssgd)
+        target = reference - args.margin
+        rows = {}
+        for algo in args.algo_list:
+            these = sorted((r for r in mine if r["algo"] == algo), key=lambda r: r["seed"])
+            if not these:
+                continue
+            finals = [r.get("final_test_accuracy") for r in these if "failed" not in r]
+            mean = statistics.mean(finals) if finals else None
+            n_div = sum(diverged(r, args) for r in these)
+            times = [time_to(r["curve"], target) if "curve" in r else None for r in these]
+            reached = [t for t in times if t is not None]
+            rows[algo] = {"seeds": [r["seed"] for r in these], "final_test_accuracy": finals,
+                          "mean_final_test_accuracy": mean, "gap_to_ssgd": None if mean is None else mean - reference,
+                          "final_train_loss": [r.get("final_train_loss") for r in these],
+                          "diverged": n_div, "seconds_to_target": times,
+                          "median_seconds_to_target": statistics.median(reached) if reached else None,
+                          "passes": mean is not None and mean >= target and n_div == 0}
+        table[setting] = {"ssgd_mean": reference, "target": target, "algorithms": rows}
+    return table
+
+
+def report(table, args) -> None:
+    print(f"\ncriterion: mean final test accuracy >= ssgd's mean - {args.margin:g}, and no run diverged "
+          f"(accuracy < {args.diverged_below:g} or loss not finite)")
+    for setting, entry in table.items():
+        print(f"\n{setting}: ssgd's mean {entry['ssgd_mean']:.4f}, target {entry['target']:.4f}")
+        for algo, row in entry["algorithms"].items():
+            finals = " ".join(f"{a:.3f}" for a in row["final_test_accuracy"])
+            mean = "failed" if row["mean_final_test_accuracy"] is None else f"{row['mean_final_test_accuracy']:.4f}"
+            t = row["median_seconds_to_target"]
+            print(f"  {algo:9s} mean {mean}  [{finals}]  diverged {row['diverged']}  "
+                  f"to target {'-' if t is None else f'{t:.1f} s'}  {'PASS' if row['passes'] else 'FAIL'}")
+    failing = [f"{s}/{a}" for s, e in table.items() for a, r in e["algorithms"].items() if not r["passes"]]
+    print(f"\n{'every algorithm passes' if not failing else 'failing: ' + ', '.join(failing)}")
+
+
+def load(args) -> dict:
+    if args.fresh or not os.path.exists(args.out):
+        return {}
+    with open(args.out) as f:
+        old = json.load(f)
+    if old.get("epochs") != args.epochs or old.get("flags") != args.flags:
+        print(f"{args.out} holds runs with other --epochs or --flags: starting over", file=sys.stderr)
+        return {}
+    return {key(r["setting"], r["algo"], r["seed"]): r for r in old.get("runs", [])}
+
+
+def write(args, runs) -> dict:
+    summary = {"benchmark": "convergence", "epochs": args.epochs, "margin": args.margin, "flags": args.flags,
+               "diverged_below": args.diverged_below, "settings": {s: SETTINGS[s][:3] for s in args.setting_list},
+               "runs": list(runs.values()), "table": summarize(args, runs)}
+    write_record(summary, args.out)
+    return summary
+
+
+def markdown(table) -> str:
+    """The table as Markdown: one row per algorithm, one column per setting (mean [min-max], diverged)."""
+    settings = list(table)
+    algos = list(dict.fromkeys(a for entry in table.values() for a in entry["algorithms"]))
+    lines = ["| algorithm | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
+    for algo in algos:
+        cells = []
+        for setting in settings:
+            row = table[setting]["algorithms"].get(algo)
+            if row is None or row["mean_final_test_accuracy"] is None:
+                cells.append("-")
+                continue
+            finals = row["final_test_accuracy"]
+            cell = f"{row['mean_final_test_accuracy']:.3f} [{min(finals):.3f}-{max(finals):.3f}]"
+            if row["diverged"]:
+                cell += f", {row['diverged']} diverged"
+            cells.append(("**" + cell + "**") if row["passes"] or algo == "ssgd" else cell)
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        with open(args.out) as f:
+            summary = json.load(f)
+        args.margin, args.diverged_below = summary["margin"], summary["diverged_below"]
+        report(summary["table"], args)
+        print("\n" + markdown(summary["table"]))
+        return 0
+    runs = load(args)
+    todo = [(s, a, seed) for s in args.setting_list for seed in seeds_for(args, s) for a in args.algo_list
+            if key(s, a, seed) not in runs]
+    print(f"{len(todo)} run(s) to do ({len(runs)} already in {args.out})", flush=True)
+    for i, (setting, algo, seed) in enumerate(todo, 1):
+        run = runs[key(setting, algo, seed)] = run_one(args, setting, algo, seed)
+        what = (f"FAILED: {run['failed'][-200:]}" if "failed" in run else
+                f"accuracy {run['final_test_accuracy']:.4f} loss {run['final_train_loss']:.4f}")
+        print(f"[{i}/{len(todo)}] {setting} {algo} seed {seed}: {what} ({run['seconds']:.0f} s)", flush=True)
+        write(args, runs)
+    summary = write(args, runs)
+    report(summary["table"], args)
+    plot(summary, os.path.splitext(args.out)[0] + ".png")
+    print(f"\nwritten: {args.out}", flush=True)
+    return 0
+
+
+def plot(summary, path):
+    plt = pyplot()
+    table = summary["table"]
+    fig, axes = plt.subplots(1, max(1, len(table)), figsize=(4.5 * max(1, len(table)), 4), squeeze=False)
+    for ax, (setting, entry) in zip(axes[0], table.items()):
+        algos = list(entry["algorithms"])
+        for x, algo in enumerate(algos):
+            finals = entry["algorithms"][algo]["final_test_accuracy"]
+            ax.scatter([x] * len(finals), finals, s=14, color="C0" if entry["algorithms"][algo]["passes"] else "C3")
+        ax.axhline(entry["ssgd_mean"], color="k", lw=0.8)
+        ax.axhline(entry["target"], color="k", lw=0.8, ls="--")
+        ax.set_xticks(range(len(algos)))
+        ax.set_xticklabels(algos, rotation=60, fontsize=8)
+        ax.set_ylim(max(0.0, entry["target"] - 0.1), 1.0)
+        ax.set_title(setting)
+        ax.set_ylabel("final test accuracy")
+    fig.suptitle(f"at ssgd's hyperparameters, {summary['epochs']} epochs (line: ssgd's mean; dashed: minus the margin)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

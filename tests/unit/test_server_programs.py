@@ -1,0 +1,98 @@
+"""The parameter servers' programs driven by hand, without MPI: a fake shard host receives the same
+sequence of pushes under two algorithms, and the weights they leave are compared.
+
+softsync keeps a momentum buffer per worker (as dc-asgd does), so at its two ends it is exactly the
+algorithms it generalises: n = workers with the rate unscaled is dc-asgd with lam = 0 (asgd's
+update, per-worker momentum), and n = 1 is synchronous SGD with one momentum buffer on the mean
+gradient."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_async.algorithms.ps import _DCProgram, _SoftSyncProgram
+from hvd_async.rules import SGDRule
+from hvd_async.transport import window as W
+
+N, WORKERS = 7, 4
+
+
+class FakeHost:
+    """What a server program reads and calls on its shard host, in memory."""
+
+    def __init__(self, weights):
+        self.spec = SimpleNamespace(workers=WORKERS)
+        self.weights = weights.clone()
+        self.inbox = [torch.zeros(N) for _ in range(WORKERS)]
+        self.outbox = [torch.zeros(N) for _ in range(WORKERS)]
+        self.version, self.shard, self.skipped_nonfinite = 0, 0, 0
+        self.answers = []
+
+    def bump(self, staleness, pushes=1):
+        self.version += 1
+
+    def answer(self, worker, staleness, status):
+        self.answers.append((worker, staleness, status))
+
+    def add_compensation(self, compensation_sq, grad_sq):
+        pass
+
+
+def header(lr=0.1, momentum=0.9, weight_decay=0.01):
+    h = np.zeros(W.H_LEN, dtype=np.float64)
+    h[W.H_KIND], h[W.H_LR], h[W.H_MOMENTUM], h[W.H_WEIGHT_DECAY] = W.KIND_PUSH, lr, momentum, weight_decay
+    return h
+
+
+def push(program, worker, grad):
+    program.host.inbox[worker].copy_(grad)
+    program.on_request(worker, header())
+
+
+def gradients(rounds, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(N, generator=gen) for _ in range(WORKERS)] for _ in range(rounds)]
+
+
+@pytest.mark.parametrize("momentum", ["per-worker", "shared"])
+def test_softsync_at_n_workers_unscaled_is_asgd_under_momentum(momentum):
+    """An interleaved order of pushes (as asynchrony makes it): per-worker buffers give dc-asgd's
+    (lam 0) weights bit for bit; one shared buffer does not (it mixes every worker's momentum)."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(1))
+    soft = _SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum=momentum)
+    dc = _DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
+    order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2, 2, 0, 1, 3]
+    rng = gradients(len(order))
+    for i, worker in enumerate(order):
+        push(soft, worker, rng[i][worker])
+        push(dc, worker, rng[i][worker])
+    same = torch.equal(soft.host.weights, dc.host.weights)
+    assert same is (momentum == "per-worker"), (soft.host.weights - dc.host.weights).abs().max()
+
+
+def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
+    """n = 1: each aggregate holds one gradient from every worker; per-worker buffers averaged are
+    ssgd's buffer of the averaged gradient (to rounding)."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(2))
+    soft = _SoftSyncProgram(FakeHost(w0), n=1, staleness_lr=True, momentum="per-worker")
+    reference, state = w0.clone(), {}
+    for grads in gradients(6, seed=3):
+        for worker in (2, 0, 3, 1):
+            push(soft, worker, grads[worker])
+        SGDRule().apply_(reference, torch.stack(grads).mean(0), state, lr=0.1, momentum=0.9, weight_decay=0.01)
+    torch.testing.assert_close(soft.host.weights, reference, rtol=1e-5, atol=1e-6)
+    assert soft.host.version == 6
+
+
+def test_softsync_momentum_survives_a_state_dict():
+    w0 = torch.zeros(N)
+    first = _SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    for i, worker in enumerate([0, 1, 2, 0]):
+        push(first, worker, gradients(4)[i][worker])
+    second = _SoftSyncProgram(FakeHost(first.host.weights), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    second.load_state_dict(first.state_dict())
+    second.host.version, second.host.outbox = first.host.version, [o.clone() for o in first.host.outbox]
+    for program in (first, second):
+        push(program, 1, torch.ones(N))
+    assert torch.equal(first.host.weights, second.host.weights)
