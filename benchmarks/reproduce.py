@@ -108,6 +108,21 @@ def time_to(curve, target):
     return next((t for t, acc, _ in curve if acc >= target), None)
 
 
+def common_budget(runs):
+    """The time budget of runs compared at equal time: the shortest run's end, read from the curves
+    themselves (their times are rounded to 4 decimals in the records, the runs' totals are not: a
+    budget from the totals cut the shorter run's own last epoch, and scored it one epoch early)."""
+    return min(r["curve"][-1][0] for r in runs if r["status"] == "ok" and r["curve"])
+
+
+def score_at_budget(pair) -> None:
+    """Each run's ``budget_seconds`` (:func:`common_budget`) and ``accuracy_at_budget``."""
+    budget = common_budget(pair)
+    for r in pair:
+        r["budget_seconds"] = budget
+        r["accuracy_at_budget"] = accuracy_within(r["curve"], budget)
+
+
 def accuracy_within(curve, budget):
     """Test accuracy of the last epoch finished within ``budget`` simulated seconds (CHANCE if none)."""
     reached = [acc for t, acc, _ in curve if t <= budget + 1e-12]
@@ -477,10 +492,7 @@ def hpsgd(args) -> dict:
     for n, lat in settings:
         for s in seeds(args):
             pair = select(rows, workers=n, latency_ms=lat, seed=s)
-            budget = min(r["sim_seconds"] for r in pair if r["status"] == "ok")
-            for r in pair:
-                r["budget_seconds"] = budget
-                r["accuracy_at_budget"] = accuracy_within(r["curve"], budget)
+            score_at_budget(pair)
         at = {a: stats([r["accuracy_at_budget"] for r in select(rows, algo=a, workers=n, latency_ms=lat)])
               for a in HP_ALGOS}
         ahead += at["hpsgd"]["mean"] >= at["ssgd"]["mean"]

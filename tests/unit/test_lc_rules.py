@@ -1,7 +1,6 @@
 """LC-ASGD's loss predictors and compensation rule, against synthetic loss curves and hand-computed numbers."""
 import math
 import statistics
-import time
 
 import numpy as np
 import pytest
@@ -297,32 +296,6 @@ def test_predictor_timing_counters_increase():
     assert calls == 5 and seconds > 0
     rule.scale(state, 0, 1.0, 12)
     assert state["predictor_calls"] == 6 and state["predictor_seconds"] > seconds
-
-
-@pytest.mark.parametrize("name", sorted(PREDICTORS))
-def test_per_call_cost_at_window_32(name):
-    """Printed, not asserted (run with -s): microseconds per observe and per predict, full window,
-    with torch single-threaded and with its default thread count."""
-    _, observed = _curve("medium", 0, 0.07, 1200)
-    for threads in sorted({1, DEFAULT_THREADS}):
-        torch.set_num_threads(threads)
-        predictor = make_predictor(name, window=32)
-        for v in range(200):  # warm: full window, past the mlp's warm-up
-            predictor.observe(v, float(observed[v]))
-        observe_us, predict_us = [], []
-        for v in range(200, 1200):
-            start = time.perf_counter()
-            predictor.observe(v, float(observed[v]))
-            middle = time.perf_counter()
-            predictor.predict(v + 8)
-            end = time.perf_counter()
-            observe_us.append(1e6 * (middle - start))
-            predict_us.append(1e6 * (end - middle))
-        for what, values in (("observe", observe_us), ("predict", predict_us)):
-            q = statistics.quantiles(values, n=10)
-            print(f"\n{name} {what}, torch threads {threads}: median {statistics.median(values):.1f} us "
-                  f"(p10 {q[0]:.1f}, p90 {q[-1]:.1f}; {len(values)} calls, window 32)", end="")
-    print()
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -174,3 +174,16 @@ def test_rma_rows_read_each_size():
     assert rows["rma shm 1KB raw/ours"]["marks"] == ["miss"]  # target 1/3
     assert rows["rma shm 1MB raw/ours"]["marks"] == []
     assert rows["rma shm 4MB raw/ours"]["marks"] == ["miss"]
+
+
+def test_the_fixed_budget_keeps_the_shorter_runs_last_epoch():
+    """hpsgd against ssgd at a fixed time: the budget is the shorter run's end; that run's last epoch
+    counts even though the curve's times are rounded (to 4 decimals) and the run's total is not."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from reproduce import CHANCE, score_at_budget
+
+    short = {"status": "ok", "sim_seconds": 1.23456789, "curve": [(0.6173, 0.5, 0), (1.2346, 0.9, 0)]}
+    long = {"status": "ok", "sim_seconds": 2.5, "curve": [(1.25, 0.8, 0), (2.5, 0.95, 0)]}
+    score_at_budget([short, long])
+    assert short["accuracy_at_budget"] == 0.9  # (a budget from the unrounded totals gave 0.5)
+    assert long["accuracy_at_budget"] == CHANCE  # no epoch of the longer run ended by then
