@@ -69,7 +69,7 @@ def write_page(out: str, page: str, *, quick: bool = False) -> str:
             + " from `reproduce_<part>.json`; rerun it to regenerate this page. Every run here is the delay "
             "simulator (`hvd-async simulate`: the real strategies, rules and server programs over simulated "
             "transports, on a virtual clock; deterministic for a seed) training the digits MLP "
-            "(scikit-learn's 8x8 digits, 1,500 training and 297 test images), so times are **simulated "
+            "(scikit-learn's 8x8 digits, 1,437 training and 360 test images), so times are **simulated "
             "seconds**: compute per step drawn from the stated distribution, a fixed latency per exchange, "
             "no server compute time and no contention for cores. Claims about real wall-clock speed are "
             "checked against the earlier real runs in `benchmarks/results/`, cited with their numbers. "
