@@ -504,8 +504,9 @@ class DCASGD(_MailboxStrategy):
         lam: compensation strength (default 2.0, the paper's lam0 for DC-ASGD-a; 0 gives asgd's
             update).
         adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients
-            (default True: a constant lam of 0.04, the default before, added 1e-4 of the gradient's
-            norm on digits, nothing measurable; the adaptive lam 2 adds 1 to 6 %).
+            (default True: a constant lam of 0.04, the default before, left the term numerically
+            inert at the averaged rate; the adaptive lam 2 adds 2 to 11 % of the gradient's norm on
+            digits, ``compensation_relative`` in benchmarks/results/convergence.json).
         ms_momentum: decay of that mean square (default 0.95).
         compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
             weights in half precision, half the bytes; the servers keep and update fp32 weights.
@@ -570,8 +571,9 @@ class SoftSync(_MailboxStrategy):
             of ``lr``, so the ``n`` aggregates of a round of pushes make one ssgd step, as asgd's
             pushes do) or ``'full'`` (``lr`` per aggregate).
         staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (the paper's rule;
-            default False: on top of ``push_rate='average'`` it halves the progress per epoch
-            again, and with ``'full'`` it lost up to 5 points on digits, see docs/guide.md).
+            default False: on top of ``push_rate='average'`` it cuts the progress per epoch again;
+            the old defaults, this with ``'full'`` and one shared buffer, are in docs/guide.md's
+            convergence tables).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
         momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
             its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,
