@@ -16,6 +16,7 @@ and a plot to benchmarks/results/.
     python benchmarks/rma_bandwidth.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/rma_bandwidth.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster
     python benchmarks/rma_bandwidth.py --quick --out /tmp/r.json  # bench_check's form (~15 s)
+    python benchmarks/rma_bandwidth.py --mode no-shm --atomic-reads  # what an accumulate-family read costs
 """
 import argparse
 import os
@@ -51,6 +52,10 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=0.25, help="target time of one block")
     p.add_argument("--poll-us", type=float, default=100.0,
                    help="the server's sleep between MPI progress calls, microseconds")
+    p.add_argument("--atomic-reads", action="store_true",
+                   help="also time a third kind of block, raw Accumulate + Get_accumulate(NO_OP) (the read MPI "
+                        "defines beside concurrent accumulates), and report its time over raw Get's per size "
+                        "(default --out: results/rma_atomic_reads_<mode>.json)")
     p.add_argument("--quick", action="store_true", help=quick_help(QUICK))
     p.add_argument("--out", default=None, help="JSON path (default: results/rma_bandwidth_<mode>.json)")
     args = p.parse_args(argv)
@@ -63,7 +68,8 @@ def parse_args(argv=None):
         p.error(f"--np must be >= 2 (one server and at least one worker), got {args.np}")
     if args.blocks < 1 or not args.seconds > 0:
         p.error("--blocks must be >= 1 and --seconds > 0")
-    args.out = args.out or os.path.join(HERE, "results", f"rma_bandwidth_{args.mode}.json")
+    name = "rma_atomic_reads" if args.atomic_reads else "rma_bandwidth"
+    args.out = args.out or os.path.join(HERE, "results", f"{name}_{args.mode}.json")
     return args
 
 
@@ -116,6 +122,7 @@ def bench(args) -> int:
         win = raw[size]
         win.Lock_all()
         buf, out = np.full(n, 1e-6, dtype=np.float32), np.empty(n, dtype=np.float32)
+        no_op = [np.empty(0, dtype=np.float32), MPI.FLOAT]  # NO_OP ignores it; mpi4py wants one
         delta, flat = torch.full((n,), 1e-6), torch.zeros(n)
         transport = WindowTransport(n, algorithm="asgd", mode="accumulate")
         transport.publish_(flat)
@@ -124,6 +131,12 @@ def bench(args) -> int:
             win.Accumulate([buf, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT), op=MPI.SUM)
             win.Flush(0)
             win.Get([out, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT))
+            win.Flush(0)
+
+        def atomic_round():  # the same, read with the accumulate-family read
+            win.Accumulate([buf, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT), op=MPI.SUM)
+            win.Flush(0)
+            win.Get_accumulate(no_op, [out, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT), op=MPI.NO_OP)
             win.Flush(0)
 
         def our_round():  # what asgd's step does
@@ -139,10 +152,14 @@ def bench(args) -> int:
             our_round()
         reps = max(5, min(5000, int(args.seconds / max(1e-6, (time.perf_counter() - t0) / 6))))
         reps = workers.allreduce(reps, op=MPI.MIN)
-        times = {"raw": [], "ours": []}
+        rounds = {"raw": raw_round, "ours": our_round}
+        if args.atomic_reads:
+            rounds["atomic"] = atomic_round
+        times = {kind: [] for kind in rounds}
         for block in range(args.blocks):
-            for kind in (("raw", "ours") if block % 2 == 0 else ("ours", "raw")):
-                fn = raw_round if kind == "raw" else our_round
+            kinds = list(rounds)
+            for kind in (kinds if block % 2 == 0 else kinds[::-1]):
+                fn = rounds[kind]
                 workers.Barrier()
                 start = time.perf_counter()
                 for _ in range(reps):
@@ -160,7 +177,7 @@ def bench(args) -> int:
         big = [r["ratio"] for r in rows if r["bytes"] >= 1024 ** 2]
         summary = {"benchmark": "rma_bandwidth", "quick": args.quick, "mode": args.mode, "np": world.size,
                    "workers": workers.size, "servers": 1, "blocks": args.blocks, "seconds_per_block": args.seconds,
-                   "poll_us": args.poll_us, "target": 0.9,
+                   "poll_us": args.poll_us, "target": 0.9, "atomic_reads": args.atomic_reads,
                    "min_ratio_from_1MB": min(big) if big else None, "rows": rows}
         print(f"mode {args.mode}, {workers.size} workers + 1 server: ratio raw/ours from 1 MB up: "
               f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.9" if big else "no size >= 1 MB",
@@ -180,6 +197,13 @@ def size_row(size: int, reps: int, everyone) -> dict:
            "ratio_min": s["min"], "ratio_q1": s["q1"], "ratio_q3": s["q3"], "ratio_max": s["max"],
            "ratio_blocks": s["n"], "raw_seconds_blocks": [e["raw"] for e in everyone],
            "ours_seconds_blocks": [e["ours"] for e in everyone]}
+    if "atomic" in everyone[0]:  # --atomic-reads: raw Get_accumulate's time over raw Get's
+        atomic_s = statistics.median(statistics.median(e["atomic"]) for e in everyone)
+        a = spread(t / r for e in everyone for t, r in zip(e["atomic"], e["raw"]))
+        row.update({"atomic_seconds": atomic_s, "atomic_over_raw": atomic_s / raw_s, "atomic_over_raw_min": a["min"],
+                    "atomic_over_raw_max": a["max"], "atomic_seconds_blocks": [e["atomic"] for e in everyone]})
+        print(f"        raw with Get_accumulate(NO_OP) {atomic_s * 1e6:10.1f} us: {atomic_s / raw_s:.3f} x raw Get's "
+              f"(blocks {a['min']:.3f}..{a['max']:.3f})", flush=True)
     print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  ratio {row['ratio']:.3f} "
           f"(blocks {s['min']:.3f}..{s['max']:.3f}, IQR {s['q1']:.3f}..{s['q3']:.3f})  "
           f"({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)

@@ -98,3 +98,14 @@ def test_gossip_job_across_hosts(cluster, tmp_path):
     assert result.returncode == 0, result.out[-5000:]
     record = json.loads(metrics.read_text())
     assert record["workers"] == 3 and record["final_test_accuracy"] >= 0.9, record["history"]
+
+
+def test_reads_beside_concurrent_accumulates_across_hosts(cluster):
+    """The weights and a gossip peer's window are read on one host while workers on the others add
+    into them (tests/mpi/rma_read_checks.py): no read sees a partial element."""
+    result = run(["bash", TOOL, "mpirun", "-np", "4", "-x", "SERVERS", "-x", "VALUE",
+                  *python("tests/mpi/rma_read_checks.py")], timeout=300,
+                 env=dict(ENV, SERVERS="1", VALUE=repr(1 / 3)))
+    assert result.returncode == 0, result.out[-5000:]
+    assert "RMA READ CHECKS OK weights_pull gossip_get" in result.out, result.out[-3000:]
+    assert re.search(r"GOSSIP GET reads=\d+ ", result.out), result.out[-3000:]

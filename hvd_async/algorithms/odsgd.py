@@ -22,7 +22,10 @@ Two exchanges, the same arithmetic:
 - ``exchange="window"`` (default): the parameter servers hold ``w_g`` in MPI windows; each worker puts
   ``g_m(t)`` into its inbox slot and the servers apply the global step once every active worker's
   gradient is in (1-softsync's program, unscaled); each worker then reads ``w_g(t+1)`` from the
-  weights window.
+  weights window. With ``--worker-timeout`` the servers may apply the next global step without a
+  worker that is still reading this one: each global step is written under
+  ``ShardHost.writing_weights`` and read with ``pull(guarded=True)``, which takes a snapshot from
+  the server instead when a write overlapped the read (``transport.overlapped_reads`` counts them).
   The momentum buffer of the global step lives on the servers. One communication thread per worker
   runs the whole exchange (upload, the servers' step, download), so none of it is on the critical
   path unless it takes longer than an iteration's compute.
@@ -106,10 +109,11 @@ class _ServerExchange:
             self.future = self.thread.submit(self._exchange, header)
 
     def _exchange(self, header):
-        """On the thread: push, wait for the global step, read it from the weights window (safe:
-        it cannot move again before this worker's next gradient is in)."""
+        """On the thread: push, wait for the global step, read it from the weights window. Without
+        a worker timeout the weights cannot move again before this worker's next gradient is in; with
+        one the servers may go on without this worker while it reads, hence the guarded read."""
         answers = self.transport.request_async(W.KIND_PUSH, grad=self.send, header=header).wait()
-        self.transport.pull(self.recv)
+        self.transport.pull(self.recv, guarded=True)
         return answers
 
     def finish(self) -> None:
@@ -196,12 +200,24 @@ class _AllreduceExchange:
 
 class _GlobalStepProgram(_SoftSyncProgram):
     """The servers' global step: 1-softsync's (every active worker's gradient, averaged, unscaled),
-    leaving the weights in the weights window only (every worker reads the same ones)."""
+    leaving the weights in the weights window only (every worker reads the same ones, guarded: each
+    step is written under ``host.writing_weights``)."""
 
     outbox_on_push = False
 
     def __init__(self, host):
         super().__init__(host, n=1, staleness_lr=False)
+        host.reset_writing_mark()
+
+    def maybe_apply(self) -> None:
+        # marked on every call: whether this one writes is softsync's business (a mark without a
+        # write only sends a reader that happens to look meanwhile to the snapshot)
+        with self.host.writing_weights():
+            super().maybe_apply()
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self.host.reset_writing_mark()  # the meta counters came from the checkpoint (older ones: slot 0)
 
 
 class ODSGD(Strategy):

@@ -11,7 +11,9 @@ Concurrency (passive target, one lock epoch per access, never two locks held at 
 
 - a peer's ``get`` (pull) and ``accumulate`` (push) run under a *shared* lock on the target: readers
   do not block each other, and concurrent ``MPI_Accumulate(SUM)`` into one element are atomic in MPI,
-  so no push is lost however many land together;
+  so no push is lost however many land together. ``get`` is a plain ``MPI_Get`` beside those
+  accumulates (MPI defines only accumulate-family reads there; why a plain one, and the test that
+  checks it never reads a partial element, in :mod:`hvd_async.transport.window`);
 - the owner touches its own window's memory only inside ``own()``, an *exclusive* lock on itself:
   it waits for the epochs in progress and keeps every peer out while it reads, folds and rewrites
   the buffer and the weight, so a peer never sees the pair half-updated and no push lands in the

@@ -9,7 +9,8 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
   bins, the last one counts everything at or beyond it), two float64 sums over the applied pushes
   (squared norm of the compensation the server added to each gradient, and of the gradients: dc-asgd
   and lc-asgd), a shared cursor, one value per worker]`` (cursor and values are used on shard 0
-  only: dbs-asgd's batch cursor and speed table);
+  only: dbs-asgd's batch cursor and speed table; od-sgd's shards keep ``META_WRITING`` in the
+  cursor's place, see below);
 - mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
   gradient into its inbox slot, flushes, and sends the server a small header message; the server
   applies its rule, writes the weights it wants the worker to continue from into the worker's
@@ -32,6 +33,29 @@ touches their memory directly between ``Win.Sync`` calls. Headers and answers ar
 messages on the transport's own communicator: the data never leaves the windows, and a worker
 waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network.
 
+Reads of the weights are plain ``Get``/``Rget``, also in accumulate mode where other workers may be
+adding into the same elements meanwhile. MPI leaves such a read undefined (only accumulate-family
+reads, ``Get_accumulate`` with ``NO_OP``, are element-atomic beside accumulates), but on the
+platforms we run (Open MPI's ``osc/sm`` and ``osc/rdma`` over TCP, x86-64, aligned 4-byte floats) a
+read never sees a partial element: ``tests/mpi/rma_read_checks.py`` reads while workers push, over
+shared memory, TCP and three netns hosts, and checks every element of every read. A NO_OP
+``Get_accumulate`` of the weights costs half of push+pull's bandwidth from 1 MB up
+(``benchmarks/results/rma_atomic_reads_*.json``), so it is not used on the hot path. A pull may see
+some elements of a concurrent push and not others, as asgd's analysis allows. The small meta
+counters are read with accumulate-family calls (``read_stats``, ``read_values``: ``Fetch_and_op``,
+``Get_accumulate``; ``publish_value`` writes with ``Accumulate(REPLACE)``). In mailbox mode no worker
+adds into the weights or the outbox: a worker's outbox slot is written by its server only while
+serving that worker's own request, never while the worker reads it.
+
+A mailbox program that rewrites the weights window in place while workers may read it (od-sgd's
+global step, which its workers read from the weights window after the answer, and which with
+``--worker-timeout`` the server may apply again before a set-aside worker has finished reading)
+brackets each write with :meth:`ShardHost.writing_weights`: ``META_WRITING`` holds the version
+being written while the weights change and the current version otherwise. ``pull(guarded=True)``
+reads the weights, then ``META_WRITING``: if it is no longer the version this worker was answered,
+a write overlapped the read, and the worker asks its server for a copy (``KIND_PULL``, into its
+outbox slot) instead.
+
 Across hosts a passive-target operation completes only when the target calls into MPI: the server
 loop (:mod:`hvd_async.server`) keeps calling in between its work. Windows across hosts need a
 one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--mca osc ucx``;
@@ -39,6 +63,7 @@ opening fails with a message that says so when the default one cannot create the
 """
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -54,6 +79,7 @@ META_VERSION, META_PUSHES, META_BUSY_US, META_HIST = 0, 1, 2, 3
 META_COMP_SQ = META_HIST + HIST_BINS  # float64 bits: sum of ||compensated step - g||^2 over pushes
 META_GRAD_SQ = META_COMP_SQ + 1        # float64 bits: sum of ||g||^2 over the same pushes
 META_CURSOR = META_GRAD_SQ + 1
+META_WRITING = META_CURSOR  # shards that rewrite the weights in place (od-sgd; never dbs-asgd): see the docstring
 META_TABLE = META_CURSOR + 1
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
@@ -262,6 +288,11 @@ class WindowTransport(Transport):
         self._pending: Optional[Pending] = None
         self._slice_cache: Dict = {}
         self._one_t = [self._one, MPI.INT64_T]
+        # NO_OP reads ignore their origin buffer, but mpi4py wants one: empty, of the window's type
+        self._no_int64 = [np.empty(0, dtype=np.int64), MPI.INT64_T]
+        self.overlapped_reads = 0  # guarded pulls a server write overlapped (then read from a snapshot)
+        self._writing = np.zeros(rt.servers, dtype=np.int64)
+        self._writing_bufs = [[self._writing[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         self._read = np.zeros(rt.servers, dtype=np.int64)  # versions read by pull()
         self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
@@ -320,6 +351,12 @@ class WindowTransport(Transport):
         self._slice_cache[key] = slices
         return slices
 
+    def _weight_slices(self, flat: torch.Tensor):
+        """``_slices`` of a buffer that moves to or from the (fp32) weights window."""
+        if flat.dtype != torch.float32:
+            raise ValueError(f"the weights window holds float32: expected a float32 tensor, got {flat.dtype}")
+        return self._slices(flat)
+
     def _check_idle(self) -> None:
         self._check_open()
         if self._pending is not None and not self._pending.done:
@@ -331,7 +368,7 @@ class WindowTransport(Transport):
         worker's ``flat`` is overwritten with them (as ``hvd.broadcast_parameters``)."""
         self._check_idle()
         if self._rank == 0:
-            for k, part, target in self._slices(flat):
+            for k, part, target in self._weight_slices(flat):
                 self._win.weights.Put(part, k, target=target)
                 self._win.weights.Flush(k)
         self._workers_comm.Barrier()
@@ -348,7 +385,7 @@ class WindowTransport(Transport):
         for k in range(self.servers):
             self._win.meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k,
                                         META_VERSION, op=MPI.NO_OP)
-        requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._slices(flat)]
+        requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._weight_slices(flat)]
 
         def finish(keep=flat):
             MPI.Request.Waitall(requests)
@@ -362,12 +399,19 @@ class WindowTransport(Transport):
         self._pending = Pending(finish)
         return self._pending
 
-    def pull(self, flat: torch.Tensor, *, after_push: bool = False) -> np.ndarray:
+    def pull(self, flat: torch.Tensor, *, after_push: bool = False, guarded: bool = False) -> np.ndarray:
         """Read the global weights into ``flat``; returns each shard's version at the read.
 
         The blocking twin of ``pull_async`` (the same operations, without request objects). With
         ``after_push`` (right after this worker's ``accumulate``) the versions that push returned
-        stand for the read, saving a round trip: pushes landing in between then count as stale."""
+        stand for the read, saving a round trip: pushes landing in between then count as stale.
+
+        ``guarded`` (mailbox mode, right after an answer, against servers that rewrite the weights
+        in place: see the module docstring): the read is checked against ``META_WRITING``; when a
+        server's write overlapped it, the weights come from a snapshot (``KIND_PULL``) instead, and
+        ``overlapped_reads`` counts it. Returns the versions of what ``flat`` then holds."""
+        if guarded:
+            return self._pull_guarded(flat)
         self._check_idle()
         meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
         if after_push:
@@ -375,7 +419,7 @@ class WindowTransport(Transport):
         else:
             for k, buf in enumerate(self._read_bufs):
                 meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
-        for k, part, target in self._slices(flat):
+        for k, part, target in self._weight_slices(flat):
             weights.Get(part, k, target=target)
         weights.Flush_all()
         if not after_push:
@@ -386,6 +430,31 @@ class WindowTransport(Transport):
             self._trace.pull(self._read, flat, after_push)
         return self._read.copy()
 
+    def _pull_guarded(self, flat: torch.Tensor) -> np.ndarray:
+        """``pull(guarded=True)``: the weights window, unless a server write overlapped the read."""
+        self._check_idle()
+        if self.spec.mode != "mailbox":
+            raise RuntimeError("pull(guarded=True) is for mailbox transports (their servers write the weights)")
+        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
+        answered = self._versions.copy()  # complete: a server answers only once its write is done
+        for k, part, target in self._weight_slices(flat):
+            weights.Get(part, k, target=target)
+        weights.Flush_all()  # the data is here before the marks are read
+        for k, buf in enumerate(self._writing_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_WRITING, op=no_op)
+        meta.Flush_all()
+        if np.array_equal(self._writing, answered):  # no write began before the read ended
+            read = answered
+        else:  # a write overlapped (or may have: a server marks before it knows it will write)
+            self.overlapped_reads += 1
+            self.request_async(KIND_PULL, out=flat).wait()  # sets self._versions
+            read = self._versions.copy()
+        self._versions[:] = read
+        np.maximum(self.latest_versions, read, out=self.latest_versions)
+        if self._trace is not None:
+            self._trace.pull(read, flat, False)
+        return read.copy()
+
     def accumulate_async(self, delta: torch.Tensor) -> Pending:
         """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
         shard's staleness for this push (updates applied since this worker's last pull)."""
@@ -395,7 +464,7 @@ class WindowTransport(Transport):
                                f"uses its server's mailbox: use push()")
         MPI = self._MPI
         requests = [self._win.weights.Raccumulate(part, k, target=target, op=MPI.SUM)
-                    for k, part, target in self._slices(delta)]
+                    for k, part, target in self._weight_slices(delta)]
 
         def finish(keep=delta):  # ``delta`` must outlive the requests reading it
             MPI.Request.Waitall(requests)
@@ -442,7 +511,7 @@ class WindowTransport(Transport):
             raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
                                f"uses its server's mailbox: use push()")
         SUM, weights = self._MPI.SUM, self._win.weights
-        for k, part, target in self._slices(delta):
+        for k, part, target in self._weight_slices(delta):
             weights.Accumulate(part, k, target=target, op=SUM)
         return self._count_push()
 
@@ -487,6 +556,8 @@ class WindowTransport(Transport):
             if not answered:
                 return None
             MPI.Request.Waitall(requests)
+            # (a plain Rget: the server wrote this slot before answering, and writes it again only
+            # while serving this worker's next request; nobody accumulates into it)
             gets = [self._win.outbox.Rget(part, k, target=(self._rank * count, count, F))
                     for k, part, (_, count, F) in out_parts]
             MPI.Request.Waitall(gets)
@@ -571,14 +642,17 @@ class WindowTransport(Transport):
         """Write this worker's slot of the shared table (a float, e.g. its measured speed)."""
         self._check_idle()
         bits = np.array([value], dtype=np.float64).view(np.int64)
-        self._win.meta.Put([bits, self._MPI.INT64_T], 0, target=(META_TABLE + self._rank, 1, self._MPI.INT64_T))
+        # REPLACE: an accumulate, so that a worker reading the table meanwhile (read_values) is defined
+        self._win.meta.Accumulate([bits, self._MPI.INT64_T], 0, target=(META_TABLE + self._rank, 1, self._MPI.INT64_T),
+                                  op=self._MPI.REPLACE)
         self._win.meta.Flush(0)
 
     def read_values(self) -> np.ndarray:
         """Every worker's slot of the shared table (0.0 where a worker has written nothing)."""
         self._check_idle()
         table = np.zeros(self.size, dtype=np.int64)
-        self._win.meta.Get([table, self._MPI.INT64_T], 0, target=(META_TABLE, self.size, self._MPI.INT64_T))
+        self._win.meta.Get_accumulate(self._no_int64, [table, self._MPI.INT64_T], 0,
+                                      target=(META_TABLE, self.size, self._MPI.INT64_T), op=self._MPI.NO_OP)
         self._win.meta.Flush(0)
         return table.view(np.float64).copy()
 
@@ -590,7 +664,9 @@ class WindowTransport(Transport):
         rows = []
         meta = np.zeros(META_CURSOR, dtype=np.int64)
         for k in range(self.servers):
-            self._win.meta.Get([meta, self._MPI.INT64_T], k, target=(0, META_CURSOR, self._MPI.INT64_T))
+            # (other workers' pushes add into the version and histogram meanwhile)
+            self._win.meta.Get_accumulate(self._no_int64, [meta, self._MPI.INT64_T], k,
+                                          target=(0, META_CURSOR, self._MPI.INT64_T), op=self._MPI.NO_OP)
             self._win.meta.Flush(k)
             comp_sq, grad_sq = meta[META_COMP_SQ:META_CURSOR].view(np.float64)
             rows.append({"version": int(meta[META_VERSION]), "pushes": _pushes(meta, self.spec.mode),
@@ -679,6 +755,25 @@ class ShardHost:
     @property
     def version(self) -> int:
         return int(self.meta[META_VERSION])
+
+    @contextmanager
+    def writing_weights(self):
+        """Around code that may rewrite the weights window in place while workers read it
+        (``pull(guarded=True)``): ``META_WRITING`` holds the next version meanwhile, then the
+        current one (see the module docstring). Bump the version inside, before answering."""
+        meta = self.meta
+        meta[META_WRITING] = meta[META_VERSION] + 1
+        self.sync()  # (a memory barrier too) the mark is visible before any weight changes
+        try:
+            yield
+        finally:
+            self.sync()
+            meta[META_WRITING] = meta[META_VERSION]
+            self.sync()
+
+    def reset_writing_mark(self) -> None:
+        """No write in progress (after the meta counters were set wholesale, e.g. from a checkpoint)."""
+        self.meta[META_WRITING] = self.meta[META_VERSION]
 
     def bump(self, staleness: Sequence[int], pushes: int = 1) -> None:
         """Record one applied update made of pushes with these staleness values."""

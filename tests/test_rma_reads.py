@@ -1,0 +1,26 @@
+"""Reads of windows that other workers accumulate into (tests/mpi/rma_read_checks.py) under mpirun at
+3 and 4 ranks (1 server), shared memory on and off: asgd's pull/pull_async and gossip's get are plain
+``Get``s (see hvd_async/transport/window.py for why) and must never read a partial element; every
+value they read is a whole number of pushes of 1/3 (a value whose float32 sums change every bit of
+the mantissa), and the meta counters are read with accumulate-family calls. Across three hosts:
+tests/test_netns.py."""
+import re
+
+import pytest
+
+from procs import mpirun, python
+
+MODES = {"shm": False, "no-shm": True}
+ENV = {"SERVERS": "1", "VALUE": repr(1 / 3)}
+
+
+@pytest.mark.parametrize("np,mode", [(3, "shm"), (3, "no-shm"), (4, "shm"), (4, "no-shm")])
+def test_reads_beside_concurrent_accumulates(np, mode):
+    result = mpirun(np, python("tests/mpi/rma_read_checks.py"), no_shm=MODES[mode], env=ENV, timeout=240)
+    assert result.returncode == 0, result.out[-6000:]
+    assert "RMA READ CHECKS OK weights_pull gossip_get" in result.out, result.out[-3000:]
+    assert re.search(r"WEIGHTS PULL reads=\d+ mixed=\d+ workers=%d" % (np - 1), result.out), result.out[-3000:]
+    if np - 1 >= 3:  # a reader, a target and at least one pusher
+        assert re.search(r"GOSSIP GET reads=\d+ ", result.out), result.out[-3000:]
+    else:
+        assert "GOSSIP GET SKIPPED" in result.out
