@@ -9,9 +9,11 @@ setup:
 train: setup
 	$(VENV)/bin/hvd-async train --np 4 --metrics-out runs/metrics.json --logdir runs/tb
 
-# Unit tests in one process, then the MPI suites under mpirun at 1 to 5 ranks (and on 3 netns hosts).
+# Unit tests in one process, then the MPI suites under mpirun at 1 to 5 ranks (and on 3 netns hosts,
+# and under a one-node Slurm: the setup then also installs slurmd, slurmctld and munge).
 test: setup
 	$(VENV)/bin/python -m pytest tests -q -p no:cacheprovider
+test: export HVD_ASYNC_TEST_TOOLS := 1
 
 # Ratios measured side by side in one run each; JSON and plots go to benchmarks/results/.
 bench: setup

@@ -59,9 +59,10 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--image-size", type=int, default=d(None),
                    help="resize images to this size (synthetic: 32, imagenet: 224 by default)")
     p.add_argument("--model", default=d("mlp"), metavar="NAME", help=f"one of: {', '.join(MODELS)}")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=d("cpu"),
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default=d("cpu"),
                    help="train on the CPU, or on one GPU per worker (local rank modulo the GPUs visible); "
-                        "ssgd and hpsgd then reduce on the GPU (Horovod's NCCL operations where built)")
+                        "ssgd and hpsgd then reduce on the GPU (Horovod's NCCL operations where built); auto: "
+                        "cuda where the process sees a GPU, else cpu (the launch recipes' choice)")
     p.add_argument("--epochs", type=int, default=d(10), help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=d(32), help="samples per step on each worker")
     p.add_argument("--lr", type=float, default=d(0.1), help="learning rate")

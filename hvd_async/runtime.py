@@ -186,6 +186,32 @@ def worker_ranks() -> List[int]:
     return list(range(rt.servers, rt.world.size))
 
 
+def cpu_share(mine, node: List) -> int:
+    """How many threads a process should run: the CPUs it may run on (``mine``, a set), divided among
+    the processes of its node (``node``: each one's set, ``mine`` among them) whose CPUs overlap it.
+
+    So it holds under every launcher: srun binding each task to its ``--cpus-per-task`` CPUs (no
+    overlap: all of them), srun ``--cpu-bind=none`` or mpirun without binding (everyone overlaps:
+    the node's CPUs over the node's ranks, not over the job's), mpirun ``--bind-to socket`` (the
+    socket's CPUs over the ranks on that socket)."""
+    sharing = sum(1 for cpus in node if cpus & mine) or 1
+    return max(1, len(mine) // sharing)
+
+
+def threads_per_rank() -> int:
+    """:func:`cpu_share` of this process, from the CPU affinity of every rank on its node (collective
+    over the whole job: servers and workers, they share the node's cores)."""
+    from mpi4py import MPI
+
+    rt = _runtime()
+    mine = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    node = rt.world.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return cpu_share(mine, node.allgather(mine))
+    finally:
+        node.Free()
+
+
 def worker_comm():
     """The mpi4py communicator of the workers (what Horovod runs over)."""
     return _worker_runtime("worker_comm()").group

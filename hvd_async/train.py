@@ -30,12 +30,6 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _threads_per_rank(world_size: int) -> int:
-    """Share the node's cores among its ranks (oversubscribed runs thrash otherwise)."""
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", world_size))
-    return max(1, (os.cpu_count() or 1) // max(1, local))
-
-
 class _Pacer:
     """Injected compute: ``--compute-ms`` on every worker, stretched by this worker's straggler factor."""
 
@@ -105,9 +99,12 @@ class _Counters:
 
 
 def _device(name: str, ha):
-    """``--device``: the CPU, or this worker's GPU (local rank modulo the GPUs visible)."""
+    """``--device``: the CPU, or this worker's GPU (local rank modulo the GPUs visible); ``auto``:
+    the GPU where this process sees one."""
     import torch
 
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -141,7 +138,6 @@ class _Job:
         rank, workers = self.rank, self.workers = ha.rank(), ha.size()
         self.comm = ha.worker_comm()
         self.reporter = rank == 0
-        torch.set_num_threads(_threads_per_rank(ha.world_size()))
         torch.manual_seed(args.seed)
         self.splits = splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed,
                                                  image_size=args.image_size)
@@ -524,10 +520,14 @@ def main(argv=None) -> int:
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(args.worker_timeout))))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(2 * args.worker_timeout))))
     ha.init(servers=args.servers)
-    if ha.is_server():
-        import torch
+    import torch
 
-        torch.set_num_threads(_threads_per_rank(world.size))  # the rules' tensor math, on shared cores
+    # every rank's share of its node's cores (collective; the servers' rules do tensor math too)
+    threads = world.allgather(ha.runtime.threads_per_rank())
+    torch.set_num_threads(threads[world.rank])
+    if world.rank == ha.num_servers():  # worker 0
+        _say(f"torch threads per rank (world ranks 0..{world.size - 1}, servers first): {' '.join(map(str, threads))}")
+    if ha.is_server():
         report = ha.serve(worker_timeout=args.worker_timeout)
         for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)

@@ -91,7 +91,7 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             args.servers = int(row.uses_servers and not (args.algo == "od-sgd" and args.od_exchange == "allreduce"))
     config.validate(args, world_size=args.workers + (args.servers or 0))
     for flag, given in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume),
-                        ("--worker-timeout", args.worker_timeout), ("--device cuda", args.device != "cpu")):
+                        ("--worker-timeout", args.worker_timeout), ("--device cuda", args.device == "cuda")):
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
