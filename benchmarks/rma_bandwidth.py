@@ -197,6 +197,9 @@ def size_row(size: int, reps: int, everyone) -> dict:
            "ratio_min": s["min"], "ratio_q1": s["q1"], "ratio_q3": s["q3"], "ratio_max": s["max"],
            "ratio_blocks": s["n"], "raw_seconds_blocks": [e["raw"] for e in everyone],
            "ours_seconds_blocks": [e["ours"] for e in everyone]}
+    print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  ratio {row['ratio']:.3f} "
+          f"(blocks {s['min']:.3f}..{s['max']:.3f}, IQR {s['q1']:.3f}..{s['q3']:.3f})  "
+          f"({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)
     if "atomic" in everyone[0]:  # --atomic-reads: raw Get_accumulate's time over raw Get's
         atomic_s = statistics.median(statistics.median(e["atomic"]) for e in everyone)
         a = spread(t / r for e in everyone for t, r in zip(e["atomic"], e["raw"]))
@@ -204,9 +207,6 @@ def size_row(size: int, reps: int, everyone) -> dict:
                     "atomic_over_raw_max": a["max"], "atomic_seconds_blocks": [e["atomic"] for e in everyone]})
         print(f"        raw with Get_accumulate(NO_OP) {atomic_s * 1e6:10.1f} us: {atomic_s / raw_s:.3f} x raw Get's "
               f"(blocks {a['min']:.3f}..{a['max']:.3f})", flush=True)
-    print(f"{_fmt(size):>6}: raw {raw_s * 1e6:10.1f} us  ours {our_s * 1e6:10.1f} us  ratio {row['ratio']:.3f} "
-          f"(blocks {s['min']:.3f}..{s['max']:.3f}, IQR {s['q1']:.3f}..{s['q3']:.3f})  "
-          f"({row['ours_GBps']:.2f} GB/s push+pull per worker)", flush=True)
     return row
 
 

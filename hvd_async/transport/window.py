@@ -39,8 +39,9 @@ reads, ``Get_accumulate`` with ``NO_OP``, are element-atomic beside accumulates)
 platforms we run (Open MPI's ``osc/sm`` and ``osc/rdma`` over TCP, x86-64, aligned 4-byte floats) a
 read never sees a partial element: ``tests/mpi/rma_read_checks.py`` reads while workers push, over
 shared memory, TCP and three netns hosts, and checks every element of every read. A NO_OP
-``Get_accumulate`` of the weights costs half of push+pull's bandwidth from 1 MB up
-(``benchmarks/results/rma_atomic_reads_*.json``), so it is not used on the hot path. A pull may see
+``Get_accumulate`` in its place makes a push+pull round 1.17-1.59 times as long over shared memory
+from 1 MB up, and 1.4-2.0 times over TCP up to 1 MB (``benchmarks/results/rma_atomic_reads_*.json``),
+so the hot path does without it. A pull may see
 some elements of a concurrent push and not others, as asgd's analysis allows. The small meta
 counters are read with accumulate-family calls (``read_stats``, ``read_values``: ``Fetch_and_op``,
 ``Get_accumulate``; ``publish_value`` writes with ``Accumulate(REPLACE)``). In mailbox mode no worker
