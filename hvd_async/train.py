@@ -98,18 +98,26 @@ class _Counters:
         self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
 
 
+def _device_kind(name: str) -> str:
+    """``cpu`` or ``cuda`` for ``--device`` (``auto``: ``cuda`` where this process sees a GPU);
+    a ConfigError for ``cuda`` without one."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this process sees no CUDA device (torch.cuda.is_available() is "
+                          "False); use --device cpu, or check the GPUs and CUDA_VISIBLE_DEVICES")
+    return name
+
+
 def _device(name: str, ha):
     """``--device``: the CPU, or this worker's GPU (local rank modulo the GPUs visible); ``auto``:
     the GPU where this process sees one."""
     import torch
 
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
+    if _device_kind(name) == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("--device cuda: this process sees no CUDA device (torch.cuda.is_available() is "
-                          "False); use --device cpu, or check the GPUs and CUDA_VISIBLE_DEVICES")
     index = ha.local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
@@ -505,6 +513,13 @@ def main(argv=None) -> int:
         config.validate(args, world_size=world.size)
     except ConfigError as exc:
         if world.rank == 0:
+            _say(f"hvd_async.train: error: {exc}")
+        return 2
+    try:  # before anything is printed; on the workers (world ranks from --servers), which use the device
+        if world.rank >= args.servers:
+            _device_kind(args.device)
+    except ConfigError as exc:
+        if world.rank == args.servers:
             _say(f"hvd_async.train: error: {exc}")
         return 2
 
