@@ -9,7 +9,7 @@ from procs import mpirun, python, run
 
 CLI = python("-m", "hvd_async.cli")
 MODES = {"shm": False, "no-shm": True}
-CHECKS = "ODSGD CHECKS OK recurrence delayed synchronize_midway nonfinite"
+CHECKS = "ODSGD CHECKS OK recurrence delayed synchronize_midway nonfinite overlap"
 
 
 @pytest.mark.parametrize("np,servers,mode", [(2, 1, "shm"), (3, 1, "no-shm"), (4, 2, "shm"), (5, 2, "no-shm")])

@@ -91,8 +91,8 @@ class _ServerExchange:
     thread so that the whole exchange (gradient upload, the servers' step, the download of
     ``w_g``) runs while the caller computes the next gradient."""
 
-    def __init__(self, transport, model: _FlatModel, global_w: torch.Tensor):
-        self.transport, self.global_w = transport, global_w
+    def __init__(self, transport, model: _FlatModel):
+        self.transport, self.global_w = transport, torch.empty_like(model.flat)
         self.send = torch.empty_like(model.grad)  # the thread reads and writes only these two
         self.recv = torch.empty_like(model.grad)
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="od-sgd-exchange")
@@ -121,7 +121,7 @@ class _ServerExchange:
         if self.future is not None:
             answers, self.future = self.future.result(), None
             self.pushes = int(answers[0, W.R_PUSHES])
-            self.global_w.copy_(self.recv)
+            self.global_w, self.recv = self.recv, self.global_w  # a swap: no copy while the step waits
 
     def snapshot(self) -> None:
         mailbox_snapshot(self.transport, self.global_w)
@@ -152,8 +152,8 @@ class _ServerExchange:
 class _AllreduceExchange:
     """The global step on every worker's copy of ``w_g``, after Horovod sums the gradients."""
 
-    def __init__(self, transport, model: _FlatModel, global_w: torch.Tensor):
-        self.transport, self.global_w = transport, global_w
+    def __init__(self, transport, model: _FlatModel):
+        self.transport, self.global_w = transport, torch.empty_like(model.flat)
         self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
         self.sgd, self.sgd_state = SGDRule(), {}
         self.handle, self.hyper = None, None
@@ -249,9 +249,8 @@ class ODSGD(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         params = [p for _, p in named_parameters]
         self.model = _FlatModel(params)
-        self.global_w = torch.empty_like(self.model.flat)
         exchange = _ServerExchange if options.exchange == "window" else _AllreduceExchange
-        self.exchange = exchange(transport, self.model, self.global_w)
+        self.exchange = exchange(transport, self.model)
         self.global_w.copy_(self.model.flat)
         global_lr = float(optimizer.param_groups[0]["lr"])
         if options.local_optimizer is not None:
@@ -357,6 +356,11 @@ class ODSGD(Strategy):
         return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
                 "pushes": int(self.hist.sum()), "skipped_nonfinite": self.skipped_nonfinite,
                 "exchange_wait_seconds": self.wait_seconds}
+
+    @property
+    def global_w(self) -> torch.Tensor:
+        """The global weights as last received (the exchange's buffer: it may swap it each step)."""
+        return self.exchange.global_w
 
     def state_dict(self):
         """Counters, the local optimizer, the global weights and the exchange's state (the servers'

@@ -5,6 +5,7 @@ replays of tests/reference.py; worker 0 prints ``ODSGD CHECKS OK`` at the end.
 """
 import os
 import sys
+import time
 
 import torch
 
@@ -96,7 +97,46 @@ def nonfinite():
         _same_everywhere(final, exchange)
 
 
-CHECKS = {f.__name__: f for f in (recurrence, delayed, synchronize_midway, nonfinite)}
+OVERLAP_NUMEL = 1 << 23  # 32 MB of float32: an exchange whose time can be measured
+
+
+def _blocked_per_step(exchange: str, compute_s: float, steps: int = 8) -> float:
+    """Seconds a step waited for the exchange in flight, per step, with ``compute_s`` of compute
+    (a sleep, which leaves the cores to the exchange) between one step and the next."""
+    w = torch.nn.Parameter(torch.zeros(OVERLAP_NUMEL))
+    opt = ha.DistributedOptimizer(torch.optim.SGD([w], lr=0.01), [("w", w)], algorithm="od-sgd",
+                                  exchange=exchange)
+    w.grad = torch.full_like(w, 1e-3)
+    opt.step()  # begins the exchange; this step had nothing in flight to wait for
+    before = opt.stats()["exchange_wait_seconds"]
+    for _ in range(steps):
+        time.sleep(compute_s)
+        opt.step()
+    blocked = (opt.stats()["exchange_wait_seconds"] - before) / steps
+    opt.load_global_model()
+    opt.close()
+    return blocked
+
+
+def overlap():
+    """The exchange runs while the worker computes: with compute to hide behind, a step blocks for
+    well under the exchange's own time (what a step blocks for with no compute between steps).
+    Means over the workers: one worker's wait also holds the scheduler's jitter on a loaded machine.
+    The allreduce exchange at one worker is only the global step, done as the step waits: nothing to hide."""
+    comm = ha.worker_comm()
+    for exchange in ("window", "allreduce") if comm.size > 1 else ("window",):
+        bare = comm.allreduce(_blocked_per_step(exchange, 0.0)) / comm.size
+        compute = max(0.02, 3.0 * bare)
+        hidden = comm.allreduce(_blocked_per_step(exchange, compute)) / comm.size
+        if ha.rank() == 0:
+            print(f"{exchange}: blocked {1e3 * bare:.2f} ms per step with no compute, {1e3 * hidden:.2f} ms "
+                  f"with {1e3 * compute:.0f} ms of compute ({hidden / bare:.3f})", flush=True)
+        check(bare > 5e-4, f"{exchange}: the exchange of {OVERLAP_NUMEL} floats took only {1e3 * bare:.3f} ms; "
+                           "too short to show overlap")
+        check(hidden < 0.5 * bare, f"{exchange}: blocked {1e3 * hidden:.2f} ms per step behind {1e3 * compute:.0f} "
+                                   f"ms of compute, against {1e3 * bare:.2f} ms with none: the exchange is not hidden")
+
+CHECKS = {f.__name__: f for f in (recurrence, delayed, synchronize_midway, nonfinite, overlap)}
 
 if __name__ == "__main__":
     main(CHECKS, sys.argv[1:], "ODSGD CHECKS OK")
