@@ -61,4 +61,7 @@ def test_preset_trains_on_digits(path, tmp_path):
     record = json.loads(metrics.read_text())
     assert (record["algorithm"], record["workers"], record["servers"]) == (args.algo, WORKERS, args.servers)
     assert (record["lr"], record["batch_size"]) == (args.lr, args.batch_size)  # the preset's values ran
-    assert record["steps"] > 0 and 0.0 <= record["final_test_accuracy"] <= 1.0
+    # one epoch with the preset's values learns: far above chance (0.1) and below the first loss (ln 10);
+    # measured 0.77 (od-sgd) to 0.93 (ssgd), train loss 0.97 to 1.24
+    assert record["steps"] > 0 and record["final_test_accuracy"] >= 0.6, record["history"]
+    assert record["history"][-1]["train_loss"] < 1.6, record["history"]

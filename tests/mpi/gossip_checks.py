@@ -263,11 +263,25 @@ def easgd_sync_replay():
         check(stats["staleness_max"] == 0, f"synchronous staleness {stats}")
 
 
+def _mean_loss(w: torch.Tensor, steps: int) -> float:
+    """The loss of weights ``w`` averaged over every worker's objectives of steps 0 to ``steps - 1``."""
+    size = ha.size()
+    total = sum(0.5 * Quadratic.scale(m) * float(((w.double() - Quadratic.target(m, t, NUMEL)) ** 2).sum())
+                for m in range(size) for t in range(steps))
+    return total / (size * steps)
+
+
 def easgd_trains():
     """Asynchronous training with rho, and a synchronize without resume_local: finite, centre loaded."""
     local, centre, _, stats = _easgd_run(30, lr=0.1, tau=2, rho=2.0, sync_at=(9, 19), resume=False)
     check(bool(torch.isfinite(local).all()) and bool(torch.isfinite(centre).all()), f"non-finite: {local}")
     check(abs(stats["alpha"] - 0.2) < 1e-12, f"alpha = lr * rho: {stats['alpha']}")
+    size, start = ha.size(), Quadratic(numel=NUMEL).w.detach().double()
+    best = sum(Quadratic.scale(m) * Quadratic.target(m, t, NUMEL) for m in range(size) for t in range(30)) / (
+        30 * sum(Quadratic.scale(m) for m in range(size)))  # the fixed weights of least mean loss
+    before, after, least = _mean_loss(start, 30), _mean_loss(centre, 30), _mean_loss(best, 30)
+    check(after - least < 0.5 * (before - least), f"the centre's mean loss over the workers' 30 steps is {after:.3f} "
+          f"against {before:.3f} at the start and {least:.3f} at best: easgd did not close half the gap")
     # the elastic moves' time (15 of them, and 3 loads of the centre), never the steps' compute
     check(0 < stats["exchange_wait_seconds"] < COMPUTE_S,
           f"{stats['exchange_wait_seconds']:.4f} s in exchanges beside 30 steps of an hour's compute")
