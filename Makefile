@@ -38,4 +38,4 @@ study: setup
 
 # The long stress run (randomized asynchronous jobs); make test runs a short one.
 stress: setup
-	STRESS_RUNS=40 $(VENV)/bin/python -m pytest tests/test_stress.py -q -p no:cacheprovider
+	STRESS_RUNS=$${STRESS_RUNS:-40} STRESS_RESULTS=benchmarks/results/stress.json $(VENV)/bin/python -m pytest tests/test_stress.py -q -p no:cacheprovider

@@ -42,10 +42,13 @@ def save(summary: dict, out: str, plot) -> None:
     plot(summary, os.path.splitext(out)[0] + ".png")
 
 
-def write_record(summary: dict, out: str) -> dict:
-    """Write ``summary`` as JSON to ``out`` with a ``provenance`` block (:func:`provenance`) added;
-    warns loudly on stderr when the tree was not clean (the record is written all the same)."""
+def write_record(summary: dict, out: str, command: str = None) -> dict:
+    """Write ``summary`` as JSON to ``out`` with a ``provenance`` block (:func:`provenance`; ``command``
+    in place of this process's own, where that is not what reruns it) added; warns loudly on stderr
+    when the tree was not clean (the record is written all the same)."""
     summary["provenance"] = provenance()
+    if command:
+        summary["provenance"]["command"] = command
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(summary, f, indent=2)

@@ -13,8 +13,11 @@ allow), shared memory on or off, and random delays. Two tests per case:
 
 Short by default (CI: 4 cases, seed 3). The long version is run by hand: ``STRESS_RUNS=50 pytest
 tests/test_stress.py -s``. The cases follow ``STRESS_SEED`` (3 for the short run, a fresh one for a long run unless given);
-every failure says how to re-run its case alone.
+every failure says how to re-run its case alone. With ``STRESS_RESULTS=FILE`` (``make stress``: in
+benchmarks/results/) the seed, every case's draw and outcome, and the provenance go to FILE as JSON,
+rewritten after each test so an interrupted run keeps what it did.
 """
+import importlib.util
 import json
 import math
 import os
@@ -101,8 +104,41 @@ def _say(line: str) -> None:
     print(f"\nSTRESS {line}", flush=True)
 
 
+RESULTS = os.environ.get("STRESS_RESULTS")
+_DONE: list = []
+
+
+def _write_results() -> None:
+    """The run so far, with its provenance (benchmarks/common.py's record writer)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_common", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     "benchmarks", "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    outcomes = [entry["outcome"] for entry in _DONE]
+    common.write_record({
+        "benchmark": "stress", "seed": SEED, "runs": RUNS, "tests_planned": 2 * RUNS,
+        "passed": outcomes.count("passed"), "failed": len(outcomes) - outcomes.count("passed"),
+        "results": _DONE}, RESULTS, command=f"STRESS_RUNS={RUNS} STRESS_SEED={SEED} STRESS_RESULTS={RESULTS} "
+                                            "python -m pytest tests/test_stress.py -q -p no:cacheprovider")
+
+
+@pytest.fixture(autouse=True)
+def stress_facts(request):
+    """What a test found (its figures), recorded with its case and outcome when STRESS_RESULTS is set."""
+    facts, start = {}, time.monotonic()
+    yield facts
+    if not RESULTS:
+        return
+    report = getattr(request.node, "call_report", None)
+    _DONE.append({"test": request.node.originalname, "case": request.node.callspec.params["case"],
+                  "outcome": report.outcome if report else "error", "seconds": round(time.monotonic() - start, 1),
+                  **facts})
+    _write_results()
+
+
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_no_lost_update(case):
+def test_no_lost_update(case, stress_facts):
     """Integer pushes with lr=1 and random delays: the algorithm's invariant holds, within the timeout."""
     what = _describe(case, "lost-update job")
     start = time.monotonic()
@@ -114,6 +150,7 @@ def test_no_lost_update(case):
     checked = [line for line in result.out.splitlines() if line.startswith("STRESS CHECKED")]
     assert len(checked) == 1, f"{what}\n{result.out[-3000:]}"
     options = [line for line in result.out.splitlines() if line.startswith("STRESS CASE")]
+    stress_facts["checked"] = checked[0][len("STRESS CHECKED "):]
     _say(f"{_case_id(case)} part=invariant seconds={time.monotonic() - start:.1f} "
          f"{checked[0][len('STRESS CHECKED '):]} | {options[0][len('STRESS CASE '):]}")
 
@@ -139,7 +176,7 @@ def _sane_metrics(record: dict, case: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_job(case, tmp_path):
+def test_job(case, tmp_path, stress_facts):
     """A short training job with random options and delays: exit 0, valid metrics, nothing left running."""
     what = _describe(case, "training job")
     metrics = tmp_path / "metrics.json"
@@ -159,5 +196,6 @@ def test_job(case, tmp_path):
         _sane_metrics(record, case)
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
         pytest.fail(f"{what}\nmetrics not valid ({type(exc).__name__}: {exc})\n{result.out[-3000:]}")
+    stress_facts.update(updates=record["updates"], final_test_accuracy=record["final_test_accuracy"])
     _say(f"{_case_id(case)} part=job seconds={time.monotonic() - start:.1f} updates={record['updates']} "
          f"accuracy={record['final_test_accuracy']:.3f} options={' '.join(case['options'])}")
