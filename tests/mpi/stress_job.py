@@ -270,9 +270,10 @@ def gossip():
     folds = _Tally()
 
     def wrap(opt):
-        mixer = opt.strategy.mixer
         if case.options["variant"] != "push":
             return
+        opt.begin()  # the mixer is made there (collective: every worker wraps right after building)
+        mixer = opt.strategy.mixer
         original = mixer._fold
 
         def recording(flat, x, s):
