@@ -3,6 +3,7 @@ every part's JSON and PNG, accuracies in [0, 1], time axes strictly increasing, 
 and the results page (in the output folder, not docs/)."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -80,6 +81,71 @@ def test_page_names_every_part_and_verdict(quick_out):
         assert f"reproduce_{part}.png" in page
         assert "**Criterion.**" in page and "**Verdict:" in page
     assert "== hpsgd" in stdout  # progress is printed
+
+
+def hpsgd_verdict_from_runs(summary) -> tuple:
+    """hpsgd's verdict worked out again from its raw runs, written out here and not taken from
+    reproduce.py: per (workers, latency, seed), the budget is the shorter run's last epoch time; a run's
+    score is the accuracy of its last epoch within the budget (0.1, chance, if none); hpsgd is ahead in a
+    setting when its mean score >= ssgd's. Returns (verdict, {run index: score})."""
+    pairs, scores = {}, {}
+    for i, run in enumerate(summary["runs"]):
+        pairs.setdefault((run["workers"], run["latency_ms"], run["seed"]), []).append(i)
+    for members in pairs.values():
+        budget = min(summary["runs"][i]["curve"][-1][0] for i in members
+                     if summary["runs"][i]["status"] == "ok" and summary["runs"][i]["curve"])
+        for i in members:
+            within = [acc for t, acc, _ in summary["runs"][i]["curve"] if t <= budget]
+            scores[i] = within[-1] if within else 0.1
+    settings = sorted({(r["workers"], r["latency_ms"]) for r in summary["runs"]})
+    ahead = 0
+    for setting in settings:
+        mean = {algo: statistics.mean(scores[i] for i, r in enumerate(summary["runs"])
+                                      if (r["workers"], r["latency_ms"]) == setting and r["algo"] == algo)
+                for algo in ("hpsgd", "ssgd")}
+        ahead += mean["hpsgd"] >= mean["ssgd"]
+    verdict = "reproduced" if ahead == len(settings) else ("not" if ahead == 0 else "partly")
+    return verdict, scores
+
+
+def test_hpsgd_verdict_recomputed_from_the_raw_runs(quick_out):
+    """The verdict and every run's score at the budget follow from the runs' own curves (the check that
+    would have caught the budget taken from unrounded totals, which dropped a run's last epoch)."""
+    out, _ = quick_out
+    summary = _summary(out, "hpsgd")
+    verdict, scores = hpsgd_verdict_from_runs(summary)
+    for i, run in enumerate(summary["runs"]):
+        assert run["accuracy_at_budget"] == scores[i], (run["algo"], run["seed"], run["curve"], scores[i])
+    assert summary["claims"][0]["verdict"] == verdict
+
+
+def test_hpsgd_recomputation_tells_a_dropped_epoch():
+    """The recomputation scores a run whose last epoch ends exactly at the budget with that epoch."""
+    runs = [{"workers": 4, "latency_ms": 2.0, "seed": 1, "algo": "ssgd", "status": "ok",
+             "curve": [[1.0, 0.5, 1.0], [2.0, 0.7, 0.5]]},
+            {"workers": 4, "latency_ms": 2.0, "seed": 1, "algo": "hpsgd", "status": "ok",
+             "curve": [[0.9, 0.6, 1.0], [1.9, 0.8, 0.5], [2.5, 0.9, 0.4]]}]
+    verdict, scores = hpsgd_verdict_from_runs({"runs": runs})
+    assert scores == {0: 0.7, 1: 0.8} and verdict == "reproduced"
+    runs[1]["curve"] = [[0.9, 0.6, 1.0], [2.1, 0.65, 0.5]]
+    verdict, scores = hpsgd_verdict_from_runs({"runs": runs})
+    assert scores == {0: 0.7, 1: 0.6} and verdict == "not"
+
+
+def test_study_scores_a_rounded_last_epoch_as_the_recomputation_does():
+    """reproduce.py's budget scoring on two runs whose records round the shorter run's last epoch time
+    up (2.00005 s written 2.0001, its total 2.000049 s): that epoch counts, as in the recomputation
+    above (a budget from the totals dropped it: the bug that made hpsgd's verdict)."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import reproduce
+
+    runs = [{"workers": 4, "latency_ms": 2.0, "seed": 1, "algo": "ssgd", "status": "ok", "sim_seconds": 2.000049,
+             "curve": [[1.0, 0.5, 1.0], [2.0001, 0.7, 0.5]]},
+            {"workers": 4, "latency_ms": 2.0, "seed": 1, "algo": "hpsgd", "status": "ok", "sim_seconds": 2.5,
+             "curve": [[0.9, 0.6, 1.0], [1.9, 0.65, 0.5], [2.5, 0.9, 0.4]]}]
+    reproduce.score_at_budget(runs)
+    _, scores = hpsgd_verdict_from_runs({"runs": runs})
+    assert [r["accuracy_at_budget"] for r in runs] == [scores[0], scores[1]] == [0.7, 0.65]
 
 
 def test_check_summary_catches_bad_output():
