@@ -374,7 +374,7 @@ def staging(args) -> dict:
     if ha.is_server():
         ha.serve()
         return {}
-    from hvd_async.algorithms.ps import _FlatModel
+    from hvd_async.algorithms.flat import FlatModel
 
     rows = []
     for algorithm, options in STAGING:
@@ -394,7 +394,7 @@ def staging(args) -> dict:
         getattr(opt, "load_global_model", opt.synchronize)()
         opt.close()
         # the staging alone: gradients into the flat CPU buffer, the parameters out and back in
-        flat = _FlatModel([p for p in model.parameters() if p.requires_grad])
+        flat = FlatModel([p for p in model.parameters() if p.requires_grad])
         for p in model.parameters():
             p.grad = torch.ones_like(p)
         copy_s = []

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from ..checks import is_int_at_least
-from .ps import ASGD, check_push_rate
+from .asgd import ASGD
+from .ps import check_push_rate
 
 
 @dataclass

@@ -59,7 +59,9 @@ from ..checks import is_int_at_least
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window as W
 from .base import Strategy
-from .ps import _AccumulateProgram, _FlatModel, load_server_state_dict, local_step_if_finite, server_state_dict
+from .asgd import AccumulateProgram
+from .flat import FlatModel, local_step_if_finite
+from .ps import load_server_state_dict, server_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class EASGD(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self.alpha = resolve_alpha(options.alpha, options.rho, float(optimizer.param_groups[0]["lr"]),
                                    transport.size)
-        self.model = _FlatModel([p for _, p in named_parameters])
+        self.model = FlatModel([p for _, p in named_parameters])
         self.centre = torch.empty_like(self.model.flat)
         self.move = torch.empty_like(self.model.flat)
         self.local = torch.empty_like(self.model.flat)  # own weights while the model holds the centre
@@ -132,7 +134,7 @@ class EASGD(Strategy):
 
     @classmethod
     def server_program(cls, host):
-        return _AccumulateProgram(host)
+        return AccumulateProgram(host)
 
     def resume_local(self) -> None:
         """After ``load_global_model()``: put the worker's own weights back into the model (no-op otherwise)."""

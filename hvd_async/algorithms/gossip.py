@@ -53,7 +53,7 @@ from ..checks import is_int_at_least
 from ..rules.mixing import pull_average_, push_sum_estimate_, push_sum_fold_, push_sum_split_
 from .base import Strategy
 from .peers import TOPOLOGIES, PeerSchedule
-from .ps import _FlatModel, local_step_if_finite
+from .flat import FlatModel, local_step_if_finite
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class Gossip(Strategy):
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
-        self.model = _FlatModel([p for _, p in named_parameters])
+        self.model = FlatModel([p for _, p in named_parameters])
         self.peers = PeerSchedule(options.topology, rank=transport.rank, size=transport.size, seed=options.seed)
         self.mixer = None  # made in begin(), from the weights every worker starts from
         self.mixes = 0

@@ -55,8 +55,9 @@ from ..rules import SGDRule
 from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
-from .ps import (_FlatModel, _SoftSyncProgram, _tensors_copy, check_server_sgd, finite_grads,
-                 load_server_state_dict, mailbox_snapshot, server_sgd_hyper, server_state_dict)
+from .flat import FlatModel, finite_grads, tensors_copy
+from .ps import check_server_sgd, load_server_state_dict, mailbox_snapshot, server_sgd_hyper, server_state_dict
+from .softsync import SoftSyncProgram
 
 EXCHANGES = ("window", "allreduce")
 
@@ -91,7 +92,7 @@ class _ServerExchange:
     thread so that the whole exchange (gradient upload, the servers' step, the download of
     ``w_g``) runs while the caller computes the next gradient."""
 
-    def __init__(self, transport, model: _FlatModel):
+    def __init__(self, transport, model: FlatModel):
         self.transport, self.global_w = transport, torch.empty_like(model.flat)
         self.send = torch.empty_like(model.grad)  # the thread reads and writes only these two
         self.recv = torch.empty_like(model.grad)
@@ -152,7 +153,7 @@ class _ServerExchange:
 class _AllreduceExchange:
     """The global step on every worker's copy of ``w_g``, after Horovod sums the gradients."""
 
-    def __init__(self, transport, model: _FlatModel):
+    def __init__(self, transport, model: FlatModel):
         self.transport, self.global_w = transport, torch.empty_like(model.flat)
         self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
         self.sgd, self.sgd_state = SGDRule(), {}
@@ -186,10 +187,10 @@ class _AllreduceExchange:
     def state_dict(self) -> Dict:
         if self.handle is not None:
             raise RuntimeError("od-sgd state_dict() with an exchange in flight: call load_global_model() first")
-        return {"sgd_state": _tensors_copy(self.sgd_state)}
+        return {"sgd_state": tensors_copy(self.sgd_state)}
 
     def load_state_dict(self, state: Dict) -> None:
-        self.sgd_state = _tensors_copy(state["sgd_state"])
+        self.sgd_state = tensors_copy(state["sgd_state"])
 
     def snapshot(self) -> None:
         pass  # every worker's global_w is already the global one
@@ -198,7 +199,7 @@ class _AllreduceExchange:
         self.finish()  # the transport (Horovod's) belongs to the job
 
 
-class _GlobalStepProgram(_SoftSyncProgram):
+class _GlobalStepProgram(SoftSyncProgram):
     """The servers' global step: 1-softsync's (every active worker's gradient, averaged, unscaled),
     leaving the weights in the weights window only (every worker reads the same ones, guarded: each
     step is written under ``host.writing_weights``)."""
@@ -248,7 +249,7 @@ class ODSGD(Strategy):
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         params = [p for _, p in named_parameters]
-        self.model = _FlatModel(params)
+        self.model = FlatModel(params)
         exchange = _ServerExchange if options.exchange == "window" else _AllreduceExchange
         self.exchange = exchange(transport, self.model)
         self.global_w.copy_(self.model.flat)

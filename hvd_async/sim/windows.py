@@ -3,8 +3,8 @@
 :class:`SimShardHost` is :class:`~hvd_async.transport.window.ShardHost` with its MPI windows replaced by
 plain memory: the same ``meta`` counters (version, pushes, staleness histogram, cursor, value
 table), ``weights``, per-worker ``inbox``/``outbox`` slots, and the same ``bump``/``answer``/``close``
-code, so the strategies' own ``server_program`` (``_AccumulateProgram``, ``_DCProgram``,
-``_LCProgram``, ``_SoftSyncProgram``, ...) runs on it unchanged. An answer, instead of an MPI
+code, so the strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``,
+``LCProgram``, ``SoftSyncProgram``, ...) runs on it unchanged. An answer, instead of an MPI
 message, lands in the host's ``answers`` for the worker to collect.
 
 :class:`SimWindowTransport` is the worker side with

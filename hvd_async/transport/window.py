@@ -714,8 +714,9 @@ class _Widened:
 class ShardHost:
     """The server side of one transport on one server rank: owns shard ``shard``'s windows.
 
-    ``program`` (built by the algorithm's strategy class, see ``hvd_async.algorithms.ps``) gets each
-    request through ``on_request(worker, header)``; ``poll()`` is called by the server loop.
+    ``program`` (built by the algorithm's strategy class: ``server_program`` in
+    ``hvd_async.algorithms.asgd``, ``dcasgd``, ...) gets each request through
+    ``on_request(worker, header)``; ``poll()`` is called by the server loop.
     """
 
     def __init__(self, comm, spec: WindowSpec, shard: int, make_program):

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 import hvd_async as ha
 
 if os.environ.get("FAULT") == "1":  # an injected fault in the server loop, on the server ranks
-    from hvd_async.algorithms import ps
+    from hvd_async.algorithms import dcasgd
 
-    original, calls = ps._DCProgram.on_push, []
+    original, calls = dcasgd.DCProgram.on_push, []
 
     def failing(self, worker, grad, header):
         calls.append(worker)
@@ -23,7 +23,7 @@ if os.environ.get("FAULT") == "1":  # an injected fault in the server loop, on t
             raise RuntimeError("injected fault in the server program")
         return original(self, worker, grad, header)
 
-    ps._DCProgram.on_push = failing
+    dcasgd.DCProgram.on_push = failing
 
 ha.init(servers=1, serve=True)  # changed line 1 (was hvd.init()); server ranks end inside it
 hvd.init()                      # the script's own call: harmless now

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from hvd_async.algorithms.base import parse_options
-from hvd_async.algorithms.ps import ASGDOptions, DCASGDOptions, SoftSyncOptions
+from hvd_async.algorithms.asgd import ASGDOptions
+from hvd_async.algorithms.dcasgd import DCASGDOptions
+from hvd_async.algorithms.softsync import SoftSyncOptions
 from hvd_async.rules import DCRule, SGDRule, staleness_scaled_mean_
 from hvd_async.transport.window import shard_bounds
 
@@ -80,10 +82,10 @@ def test_bad_options_name_the_value(cls, options, match):
 
 
 def test_flat_model_views_and_copies():
-    from hvd_async.algorithms.ps import _FlatModel
+    from hvd_async.algorithms.flat import FlatModel
 
     a, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.full((3,), 2.0))
-    flat = _FlatModel([a, b])
+    flat = FlatModel([a, b])
     assert flat.views and flat.flat.tolist() == [1, 1, 1, 1, 2, 2, 2]
     flat.flat[4] = 7.0  # the parameters are views into the flat buffer
     assert b[0].item() == 7.0
@@ -91,7 +93,7 @@ def test_flat_model_views_and_copies():
     assert flat.gather_grads().tolist() == [0.5] * 4 + [0.0] * 3  # no grad: zeros
 
     c = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))  # not float32: copied both ways
-    flat = _FlatModel([c])
+    flat = FlatModel([c])
     assert not flat.views
     flat.flat.fill_(3.0)
     flat.load_params()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_async.algorithms.ps import _DCProgram, _SoftSyncProgram
+from hvd_async.algorithms.dcasgd import DCProgram
+from hvd_async.algorithms.softsync import SoftSyncProgram
 from hvd_async.rules import SGDRule
 from hvd_async.transport import window as W
 
@@ -60,8 +61,8 @@ def test_softsync_at_n_workers_unscaled_is_asgd_under_momentum(momentum):
     """An interleaved order of pushes (as asynchrony makes it): per-worker buffers give dc-asgd's
     (lam 0) weights bit for bit; one shared buffer does not (it mixes every worker's momentum)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(1))
-    soft = _SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum=momentum)
-    dc = _DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
+    soft = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum=momentum)
+    dc = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
     order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2, 2, 0, 1, 3]
     rng = gradients(len(order))
     for i, worker in enumerate(order):
@@ -75,7 +76,7 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
     """n = 1: each aggregate holds one gradient from every worker; per-worker buffers averaged are
     ssgd's buffer of the averaged gradient (to rounding)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(2))
-    soft = _SoftSyncProgram(FakeHost(w0), n=1, staleness_lr=True, momentum="per-worker")
+    soft = SoftSyncProgram(FakeHost(w0), n=1, staleness_lr=True, momentum="per-worker")
     reference, state = w0.clone(), {}
     for grads in gradients(6, seed=3):
         for worker in (2, 0, 3, 1):
@@ -87,10 +88,10 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
 
 def test_softsync_momentum_survives_a_state_dict():
     w0 = torch.zeros(N)
-    first = _SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    first = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=True, momentum="per-worker")
     for i, worker in enumerate([0, 1, 2, 0]):
         push(first, worker, gradients(4)[i][worker])
-    second = _SoftSyncProgram(FakeHost(first.host.weights), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    second = SoftSyncProgram(FakeHost(first.host.weights), n=WORKERS, staleness_lr=True, momentum="per-worker")
     second.load_state_dict(first.state_dict())
     second.host.version, second.host.outbox = first.host.version, [o.clone() for o in first.host.outbox]
     for program in (first, second):

@@ -1,0 +1,121 @@
+"""dc-asgd: the servers apply each worker's gradient with delay compensation
+``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker."""
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Dict
+
+import torch
+
+from ..horovod_options import compression_name
+from ..rules import DCRule
+from ..transport import window as W
+from .flat import tensors_copy
+from .ps import MailboxProgram, MailboxStrategy, check_push_rate
+
+
+@dataclass
+class DCASGDOptions:
+    lam: float = 2.0
+    adaptive: bool = True
+    ms_momentum: float = 0.95
+    compression: Any = "none"  # 'fp16': gradients and weights cross the network in half precision
+    push_rate: str = "average"
+
+    def __post_init__(self):
+        self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
+        _check_dc_numbers(self.lam, self.ms_momentum)
+        DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
+
+
+
+def _check_dc_numbers(lam, ms_momentum) -> None:
+    """dc-asgd's and lc-asgd's numbers, as finite numbers in range (the rule checks the rest)."""
+    def number(value):
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not (number(lam) and lam >= 0):
+        raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
+    if not (number(ms_momentum) and 0 <= ms_momentum < 1):
+        raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
+
+
+
+class DCASGD(MailboxStrategy):
+    """dc-asgd: the server applies ``w -= lr * (g + lam * g * g * (w - w_bak(m)))`` per push.
+
+    Options:
+        lam: compensation strength (default 2.0, the paper's lam0 for DC-ASGD-a; 0 gives asgd's
+            update).
+        adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients
+            (default True: a constant lam of 0.04, the default before, left the term numerically
+            inert at the averaged rate; the adaptive lam 2 adds 2 to 11 % of the gradient's norm on
+            digits, ``compensation_relative`` in benchmarks/results/convergence.json).
+        ms_momentum: decay of that mean square (default 0.95).
+        compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
+            weights in half precision, half the bytes; the servers keep and update fp32 weights.
+            A gradient element beyond fp16's range (65504) arrives as infinity and the push is
+            skipped, as any non-finite one.
+        push_rate: ``'average'`` (default: the server applies ``lr / workers`` per push, so a round
+            of pushes makes one ssgd step, as asgd's) or ``'full'`` (``lr`` per push).
+    """
+
+    name = "dc-asgd"
+    Options = DCASGDOptions
+    compensates = True
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum}
+
+    @classmethod
+    def server_program(cls, host):
+        return DCProgram(host, **host.spec.options)
+
+
+
+class DCProgram(MailboxProgram):
+    def __init__(self, host, lam, adaptive, ms_momentum):
+        super().__init__(host)
+        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum))
+
+    def setup(self, rule) -> None:
+        self.rule = rule
+        self.state = rule.init(self.host.weights)
+        self.state["backup"] = self.host.outbox
+        self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
+
+    def compensated(self, worker, grad, header) -> torch.Tensor:
+        return self.rule.compensated(self.host.weights, grad, self.state, worker)
+
+    def state_dict(self) -> Dict:
+        state = super().state_dict()
+        rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors")}
+        predictors = {int(m): p.state_dict() for m, p in self.state.get("predictors", {}).items()}
+        state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(rule_state),
+                     predictors=predictors)
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+        self.state.update(tensors_copy(state["rule"]))
+        if "predictors" in self.state:
+            self.state["predictors"] = {}
+            for worker, saved in state["predictors"].items():
+                predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
+                predictor.load_state_dict(saved)
+
+    def on_push(self, worker, grad, header) -> None:
+        staleness = self.staleness(worker)
+        step = self.compensated(worker, grad, header)
+        # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
+        self.host.add_compensation(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)
+        self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
+        self.host.bump([staleness])
+        self.snapshot(worker)
+        self.host.answer(worker, staleness, W.STATUS_APPLIED)
+

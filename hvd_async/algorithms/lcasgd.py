@@ -1,0 +1,103 @@
+"""lc-asgd: dc-asgd's step scaled by the loss the servers predict for the pushing worker."""
+import inspect
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..horovod_options import compression_name
+from ..rules import LCRule
+from ..rules.loss_prediction import PREDICTORS
+from ..transport import window as W
+from .dcasgd import DCASGD, _check_dc_numbers, DCProgram
+from .ps import MailboxProgram, check_push_rate
+
+
+@dataclass
+class LCASGDOptions:
+    lam: float = 0.04
+    adaptive: bool = False
+    ms_momentum: float = 0.95
+    loss_term: bool = True
+    predictor: str = "linear"
+    predictor_options: Optional[Dict] = None
+    floor: float = 0.0
+    r_min: float = 0.25
+    r_max: float = 1.0
+    min_history: int = 4
+    compression: Any = "none"
+    push_rate: str = "average"
+
+    def __post_init__(self):
+        self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
+        _check_dc_numbers(self.lam, self.ms_momentum)
+        if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
+            accepted = _predictor_keywords(self.predictor)
+            unknown = sorted(set(self.predictor_options) - set(accepted) - {"floor", "min_history"})
+            if unknown:
+                raise ValueError(f"predictor_options {', '.join(map(repr, unknown))} unknown to the "
+                                 f"{self.predictor!r} predictor; accepted: {', '.join(accepted)}")
+        LCRule(**self.rule_options())  # validates
+
+    def rule_options(self) -> Dict:
+        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate")}
+
+
+
+def _predictor_keywords(name: str) -> List[str]:
+    """The keyword options of loss predictor ``name`` that predictor_options may set."""
+    found = set()
+    for cls in PREDICTORS[name].__mro__:
+        if "__init__" in vars(cls):
+            found |= {p.name for p in inspect.signature(vars(cls)["__init__"]).parameters.values()
+                      if p.kind is p.KEYWORD_ONLY}
+    return sorted(found - {"floor", "min_history"})
+
+
+
+class LCASGD(DCASGD):
+    """lc-asgd: dc-asgd's step scaled by ``r``, from the loss the server predicts for the pushing
+    worker at the version its gradient is applied to (rules/lc.py has the derivation).
+
+    Every push carries the worker's mini-batch loss: call ``opt.step(loss=loss)`` (or
+    ``opt.step(closure)``); the servers keep each worker's loss history and predictor.
+
+    Options: dc-asgd's ``lam`` (0: no DC term), ``adaptive``, ``ms_momentum``; ``loss_term``
+    (False: exactly dc-asgd), ``predictor`` (``"linear"``: a weighted fit of log-loss against
+    version; ``"mlp"``: a tiny network trained online), ``predictor_options``, ``floor`` (the loss's
+    lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4).
+    """
+
+    name = "lc-asgd"
+    Options = LCASGDOptions
+
+    def _exchange(self, grad, loss) -> None:
+        if loss is None and self.options.loss_term:
+            raise ValueError("lc-asgd sends the mini-batch loss with every push: call "
+                             "opt.step(loss=loss) (or opt.step(closure))")
+        super()._exchange(grad, loss)
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return options.rule_options()
+
+    @classmethod
+    def server_program(cls, host):
+        return LCProgram(host, **host.spec.options)
+
+
+
+class LCProgram(DCProgram):
+    """dc-asgd's program with the step scaled by the worker's predicted loss (rules/lc.py)."""
+
+    def __init__(self, host, **options):
+        MailboxProgram.__init__(self, host)
+        self.setup(LCRule(**options))
+
+    def compensated(self, worker, grad, header) -> torch.Tensor:
+        loss = float(header[W.H_LOSS])
+        self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
+        return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
+                                     version_now=self.host.version, version_pulled=self.held[worker])
+

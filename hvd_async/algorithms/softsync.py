@@ -1,0 +1,152 @@
+"""softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..checks import is_int_at_least
+from ..horovod_options import compression_name
+from ..rules import staleness_scaled_mean_
+from ..transport import window as W
+from .flat import tensors_copy
+from .ps import MailboxProgram, MailboxStrategy, check_push_rate
+
+
+@dataclass
+class SoftSyncOptions:
+    n: Optional[int] = None
+    staleness_lr: bool = False
+    compression: Any = "none"
+    momentum: str = "per-worker"
+    push_rate: str = "average"
+
+    def __post_init__(self):
+        self.compression = compression_name(self.compression)
+        check_push_rate(self.push_rate)
+        if self.momentum not in ("per-worker", "shared"):
+            raise ValueError(f"momentum must be 'per-worker' (one buffer per worker, as asgd and dc-asgd "
+                             f"keep) or 'shared' (one buffer for every aggregate), got {self.momentum!r}")
+        if self.n is not None and not is_int_at_least(self.n, 1):
+            raise ValueError(f"n must be an integer between 1 and the number of workers, got {self.n!r}")
+        if not isinstance(self.staleness_lr, bool):
+            raise ValueError(f"staleness_lr must be True or False, got {self.staleness_lr!r}")
+
+
+
+class SoftSync(MailboxStrategy):
+    """softsync (n-softsync): the server applies one update per ``c = floor(workers / n)`` gradients
+    (their mean, each optionally divided by its staleness); ``n=1`` is synchronous SGD, ``n=workers``
+    asgd.
+
+    Options:
+        n: 1 .. workers (default: workers).
+        push_rate: ``'average'`` (default: an aggregate of ``c`` gradients takes ``c / workers``
+            of ``lr``, so the ``n`` aggregates of a round of pushes make one ssgd step, as asgd's
+            pushes do) or ``'full'`` (``lr`` per aggregate).
+        staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (the paper's rule;
+            default False: on top of ``push_rate='average'`` it cuts the progress per epoch again;
+            the old defaults, this with ``'full'`` and one shared buffer, are in docs/guide.md's
+            convergence tables).
+        compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
+        momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
+            its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,
+            so ``n=1`` is ssgd and ``n=workers`` with ``staleness_lr=False`` is asgd with
+            ``push_rate='full'``) or ``'shared'`` (one buffer for every aggregate).
+    """
+
+    name = "softsync"
+    Options = SoftSyncOptions
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        self._resolve_n(options, transport.size)
+        super().__init__(optimizer, named_parameters, transport, options)
+
+    @classmethod
+    def make_transport(cls, named_parameters, options):
+        from .. import runtime
+
+        cls._resolve_n(options, runtime.size())  # before the servers are asked to open anything
+        return super().make_transport(named_parameters, options)
+
+    @staticmethod
+    def _resolve_n(options, workers: int) -> None:
+        if options.n is None:
+            options.n = workers
+        if not 1 <= options.n <= workers:
+            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {"n": options.n, "staleness_lr": options.staleness_lr, "momentum": options.momentum,
+                "push_rate": options.push_rate}
+
+    @classmethod
+    def server_program(cls, host):
+        return SoftSyncProgram(host, **host.spec.options)
+
+
+
+class SoftSyncProgram(MailboxProgram):
+    outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
+
+    def __init__(self, host, n, staleness_lr, momentum="shared", push_rate="full"):
+        super().__init__(host)
+        self.c = max(1, host.spec.workers // n)
+        self.scale = staleness_lr
+        # 'average': an aggregate of c gradients takes c / workers of the rate, so that the
+        # aggregates of one round of pushes (one per worker) make one ssgd step
+        self.rate = self.c / host.spec.workers if push_rate == "average" else 1.0
+        self.pending: List = []
+        self.mean = torch.zeros_like(host.weights)
+        # 'per-worker': each worker's gradients go through its own momentum buffer (dc-asgd's and
+        # asgd's), and the aggregate is the staleness-scaled mean of the workers' directions: n=1 is
+        # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
+        self.momentum = [{} for _ in range(host.spec.workers)] if momentum == "per-worker" else None
+
+    def on_push(self, worker, grad, header) -> None:
+        self.pending.append((worker, header))
+        self.maybe_apply()
+
+    def state_dict(self) -> Dict:
+        if self.pending:
+            raise RuntimeError(f"{len(self.pending)} gradient(s) wait for the "
+                               f"aggregate; save after load_global_model() on every worker")
+        state = super().state_dict()
+        if self.momentum is not None:
+            state["momentum"] = [tensors_copy(buf) for buf in self.momentum]
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        if self.momentum is not None and "momentum" in state:
+            self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+
+    def on_leave(self, worker) -> None:
+        super().on_leave(worker)
+        self.maybe_apply()
+
+    def maybe_apply(self) -> None:
+        """Apply once ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
+        if not self.pending or len(self.pending) < max(1, min(self.c, len(self.active))):
+            return
+        workers = [m for m, _ in self.pending]
+        staleness = [self.staleness(m) for m in workers]
+        if self.momentum is None:
+            staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
+            if self.rate != 1.0:
+                self.mean.mul_(self.rate)
+            self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
+        else:
+            directions = []
+            for m, header in self.pending:
+                kwargs = self.step_kwargs(header)
+                del kwargs["lr"]
+                directions.append(self.sgd.direction(self.host.weights, self.host.inbox[m], self.momentum[m], **kwargs))
+            staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
+            self.host.weights.add_(self.mean, alpha=-self.rate * self.step_kwargs(self.pending[-1][1])["lr"])
+        self.host.bump(staleness, pushes=len(workers))
+        self.pending = []
+        for m, s in zip(workers, staleness):
+            self.snapshot(m, copy=self.outbox_on_push)
+            self.host.answer(m, s, W.STATUS_APPLIED)
+
