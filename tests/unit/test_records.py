@@ -24,8 +24,7 @@ LEGACY = {
     "overlap_accuracy.json", "overlap_budget.json", "overlap_throughput.json",
     "reproduce_compensation.json", "reproduce_hetero.json", "reproduce_hpsgd.json", "reproduce_odsgd.json",
     "reproduce_scaling.json",
-    "rma_bandwidth_netns.json", "rma_bandwidth_no-shm.json", "rma_bandwidth_shm.json",
-    "scaling_scaling.json", "straggler_throughput.json",
+    "scaling_scaling.json",
 }
 PROVENANCE_KEYS = ("commit", "tree_clean", "machine", "versions", "command", "date_utc")
 
@@ -108,7 +107,7 @@ def test_problems_catch_each_fault():
             "library": {"commit": "a" * 40, "library_modified": False}}
     known = {"a" * 40}.__contains__
     assert problems("new.json", good, known) == []
-    assert problems("rma_bandwidth_shm.json", {}, known) == []  # legacy
+    assert problems("scaling_scaling.json", {}, known) == []  # legacy
     assert problems("new.json", {}, known)
     for key, value in (("commit", "b" * 40), ("tree_clean", False), ("machine", {}), ("command", None)):
         bad = json.loads(json.dumps(good))
