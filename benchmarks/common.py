@@ -80,8 +80,8 @@ def dirty_files() -> list:
     found = [line[3:] for line in changed.splitlines() if line.strip()]
     found += [f"{p} (untracked)" for p in git("ls-files", "--others", "--exclude-standard", "--",
                                                "hvd_async").splitlines() if p.endswith(".py")]
-    script = _script()
-    if os.path.isfile(os.path.join(ROOT, script)) and not git("ls-files", "--", script):
+    script = _script()  # (one git ignores, such as pytest's own under .venv/, is not the project's)
+    if os.path.isfile(os.path.join(ROOT, script)) and git("ls-files", "--others", "--exclude-standard", "--", script):
         found.append(f"{script} (untracked)")
     return found
 
