@@ -1,4 +1,6 @@
 """Small checks shared by the modules: user input, and whether gradients hold NaN or infinity."""
+import math
+import numbers
 from typing import Sequence
 
 import torch
@@ -7,6 +9,11 @@ import torch
 def is_int_at_least(value, minimum: int) -> bool:
     """True for a real ``int`` (not a bool) that is >= ``minimum``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def is_finite_number(value) -> bool:
+    """True for a finite real number (an int, a float, a NumPy scalar; not a bool, NaN or infinity)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:

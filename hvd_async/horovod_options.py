@@ -4,10 +4,11 @@ Each option keeps Horovod's name, default and meaning. An algorithm gives an opt
 naming it in its strategy's ``horovod_options``; a value other than the default under an algorithm
 that does not name it gets one line saying so and naming the algorithms where it works.
 """
-import numbers
 import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Iterable
+
+from .checks import is_finite_number
 
 # Options that only tune speed (how Horovod fuses allreduces): ignored with a warning elsewhere.
 SPEED_ONLY = ("num_groups", "groups")
@@ -31,7 +32,7 @@ class HorovodOptions:
         if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {bpps!r}")
         f = self.gradient_predivide_factor
-        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 < f < float("inf"):
+        if not is_finite_number(f) or f <= 0:
             raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {f!r}")
         if not isinstance(self.sparse_as_dense, bool):
             raise ValueError(f"sparse_as_dense must be True or False, got {self.sparse_as_dense!r}")

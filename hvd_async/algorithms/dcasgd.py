@@ -1,12 +1,11 @@
 """dc-asgd: the servers apply each worker's gradient with delay compensation
 ``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker."""
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Dict
 
 import torch
 
+from ..checks import is_finite_number
 from ..horovod_options import compression_name
 from ..rules import DCRule
 from ..transport import window as W
@@ -34,12 +33,9 @@ class DCASGDOptions:
 
 def _check_dc_numbers(lam, ms_momentum) -> None:
     """dc-asgd's and lc-asgd's numbers, as finite numbers in range (the rule checks the rest)."""
-    def number(value):
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-    if not (number(lam) and lam >= 0):
+    if not (is_finite_number(lam) and lam >= 0):
         raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
-    if not (number(ms_momentum) and 0 <= ms_momentum < 1):
+    if not (is_finite_number(ms_momentum) and 0 <= ms_momentum < 1):
         raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
 
 

@@ -48,14 +48,13 @@ explore more and costs fewer exchanges. If the centre lags the workers' accuracy
 (keep ``N * alpha`` below 1).
 """
 import logging
-import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 import torch
 
-from ..checks import is_int_at_least
+from ..checks import is_finite_number, is_int_at_least
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window as W
 from .base import Strategy
@@ -64,10 +63,6 @@ from .flat import FlatModel, local_step_if_finite
 from .ps import load_server_state_dict, server_state_dict
 
 logger = logging.getLogger(__name__)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -83,10 +78,10 @@ class EASGDOptions:
         if self.alpha is not None and self.rho is not None:
             raise ValueError(f"give alpha or rho, not both (alpha={self.alpha!r}, rho={self.rho!r}); "
                              f"alpha = lr * rho")
-        if self.alpha is not None and not (_is_number(self.alpha) and 0 < self.alpha < 1):
+        if self.alpha is not None and not (is_finite_number(self.alpha) and 0 < self.alpha < 1):
             raise ValueError(f"alpha must be a number in (0, 1) (the elastic moving rate; the paper "
                              f"suggests 0.9 / workers), got {self.alpha!r}")
-        if self.rho is not None and not (_is_number(self.rho) and self.rho > 0):
+        if self.rho is not None and not (is_finite_number(self.rho) and self.rho > 0):
             raise ValueError(f"rho must be a finite number > 0 (alpha = lr * rho), got {self.rho!r}")
         if not isinstance(self.synchronous, bool):
             raise ValueError(f"synchronous must be True or False, got {self.synchronous!r}")

@@ -43,13 +43,12 @@ spread grows (compare accuracy before and after ``load_global_model()``), mix mo
 ``progress_interval`` bounds how long a peer waits on a busy worker's window.
 """
 import logging
-import math
 from dataclasses import dataclass
 from typing import Dict
 
 import torch
 
-from ..checks import is_int_at_least
+from ..checks import is_finite_number, is_int_at_least
 from ..rules.mixing import pull_average_, push_sum_estimate_, push_sum_fold_, push_sum_split_
 from .base import Strategy
 from .peers import TOPOLOGIES, PeerSchedule
@@ -82,7 +81,7 @@ class GossipOptions:
         if not is_int_at_least(self.seed, 0):
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         pi = self.progress_interval
-        if isinstance(pi, bool) or not isinstance(pi, (int, float)) or not (0 < pi <= 1 and math.isfinite(pi)):
+        if not (is_finite_number(pi) and 0 < pi <= 1):
             raise ValueError(f"progress_interval must be in (0, 1] seconds, got {pi!r}")
 
 

@@ -51,15 +51,13 @@ Choices made here:
   does the overlap).
 """
 import logging
-import math
-import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict
 
 import torch
 
-from ..checks import all_finite, is_int_at_least
+from ..checks import all_finite, is_finite_number, is_int_at_least
 from ..transport.base import ReduceOp
 from ..transport.window import staleness_summary
 from .base import Strategy
@@ -78,8 +76,7 @@ class HPSGDOptions:
         if not is_int_at_least(self.window, 1):
             raise ValueError(f"window must be an integer >= 1 (local steps per exchange), got {self.window!r}")
         rate = self.merge_rate
-        if (not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not math.isfinite(rate)
-                or rate <= 0):
+        if not is_finite_number(rate) or rate <= 0:
             raise ValueError(f"merge_rate must be a finite number > 0 (1.0 merges the whole average "
                              f"change), got {rate!r}")
         self.merge_rate = float(rate)

@@ -9,10 +9,11 @@ Rate: ``alpha = lr * rho`` (the paper's moving rate, ``rho`` the elastic coeffic
 suggests ``beta = N * alpha = 0.9`` for N workers, our default ``alpha = 0.9 / N``. Stable for
 ``0 < alpha < 1`` (the synchronous form also needs ``N * alpha`` below 2 for the centre).
 """
-import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from ..checks import is_finite_number
 
 BETA = 0.9  # the paper's suggested N * alpha
 
@@ -32,7 +33,7 @@ def resolve_alpha(alpha: Optional[float], rho: Optional[float], lr: float, worke
         source = "0.9 / workers" if rho is None else f"lr * rho = {lr} * {rho}"
     else:
         source = "alpha"
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and 0 < alpha < 1):
+    if not (is_finite_number(alpha) and 0 < alpha < 1):
         raise ValueError(f"the elastic moving rate must be in (0, 1), got {alpha!r} (from {source}); "
                          f"lower rho or give alpha directly, e.g. alpha={default_alpha(workers):.3g}")
     return float(alpha)

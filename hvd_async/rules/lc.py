@@ -43,6 +43,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..checks import is_finite_number
 from .base import Rule
 from .dc import DCRule
 from .loss_prediction import PREDICTORS, LossPredictor, make_predictor
@@ -102,7 +103,7 @@ class LCRule(Rule):
                 raise ValueError(f"predictor_options must not set {own!r} (got {predictor_options[own]!r}); "
                                  f"pass {own}= to LCRule itself")
         for key, value in (("r_min", r_min), ("r_max", r_max), ("floor", floor)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not is_finite_number(value):
                 raise ValueError(f"{key} must be a finite number, got {value!r}")
         if not 0 < r_min <= 1:
             raise ValueError(f"r_min must be in (0, 1], got {r_min!r}")

@@ -39,6 +39,8 @@ from typing import Any, Dict, Optional, Type
 import numpy as np
 import torch
 
+from ..checks import is_finite_number
+
 
 def _integer(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
@@ -48,7 +50,7 @@ def _integer(name: str, value, low: int) -> int:
 
 def _real(name: str, value, low: float, high: float = math.inf, *, low_open: bool = False,
           high_open: bool = False) -> float:
-    ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    ok = (is_finite_number(value)
           and (value > low if low_open else value >= low) and (value < high if high_open else value <= high))
     if not ok:
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"

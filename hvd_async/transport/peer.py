@@ -31,7 +31,6 @@ On one host OpenMPI's shared-memory windows do not need it. ``close()`` stops it
 Windows across hosts need ``--mca osc ucx`` (see :data:`hvd_async.transport.window.OSC_HINT`).
 """
 import logging
-import math
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Tuple
@@ -39,6 +38,7 @@ from typing import Any, Iterator, List, Tuple
 import numpy as np
 import torch
 
+from ..checks import is_finite_number
 from .base import Transport
 from .window import OSC_HINT
 
@@ -75,8 +75,7 @@ class PeerWindowTransport(Transport):
 
         if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
-        if isinstance(progress_interval, bool) or not isinstance(progress_interval, (int, float)) \
-                or not (0 < progress_interval <= 1 and math.isfinite(progress_interval)):
+        if not (is_finite_number(progress_interval) and 0 < progress_interval <= 1):
             raise ValueError(f"progress_interval must be in (0, 1] seconds, got {progress_interval!r}")
         rt = runtime._worker_runtime("PeerWindowTransport")
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
