@@ -17,11 +17,11 @@ every failure says how to re-run its case alone. With ``STRESS_RESULTS=FILE`` (`
 benchmarks/results/) the seed, every case's draw and outcome, and the provenance go to FILE as JSON,
 rewritten after each test so an interrupted run keeps what it did.
 """
-import importlib.util
 import json
 import math
 import os
 import random
+import sys
 import time
 
 import pytest
@@ -105,16 +105,16 @@ def _say(line: str) -> None:
 
 
 RESULTS = os.environ.get("STRESS_RESULTS")
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 _DONE: list = []
 
 
 def _write_results() -> None:
     """The run so far, with its provenance (benchmarks/common.py's record writer)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_common", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                     "benchmarks", "common.py"))
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    import common  # benchmarks/ is not a package
+
     outcomes = [entry["outcome"] for entry in _DONE]
     common.write_record({
         "benchmark": "stress", "seed": SEED, "runs": RUNS, "tests_planned": 2 * RUNS,
@@ -152,7 +152,7 @@ def test_no_lost_update(case, stress_facts):
     options = [line for line in result.out.splitlines() if line.startswith("STRESS CASE")]
     stress_facts["checked"] = checked[0][len("STRESS CHECKED "):]
     _say(f"{_case_id(case)} part=invariant seconds={time.monotonic() - start:.1f} "
-         f"{checked[0][len('STRESS CHECKED '):]} | {options[0][len('STRESS CASE '):]}")
+         f"{stress_facts['checked']} | {options[0][len('STRESS CASE '):]}")
 
 
 def _sane_metrics(record: dict, case: dict) -> None:

@@ -126,11 +126,11 @@ def _blocked_per_step(exchange: str, compute_s: float, steps: int = 8):
         worker_side.start, worker_side.finish = start, finish
 
         def timed(header):
-            start = time.perf_counter()
+            began = time.perf_counter()
             answers = untimed(header)
-            end = time.perf_counter()
-            own.append(end - start)
-            spans.append((start, end))
+            ended = time.perf_counter()
+            own.append(ended - began)
+            spans.append((began, ended))
             return answers
 
         worker_side._exchange = timed
@@ -173,6 +173,7 @@ def overlap():
                           "too short to show overlap")
         check(hidden < 0.5 * own, f"{exchange}: blocked {1e3 * hidden:.2f} ms per step behind {1e3 * compute:.0f} "
                                   f"ms of compute, against the exchange's own {1e3 * own:.2f} ms: it is not hidden")
+
 
 CHECKS = {f.__name__: f for f in (recurrence, delayed, synchronize_midway, nonfinite, overlap)}
 
