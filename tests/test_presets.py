@@ -61,7 +61,9 @@ def test_preset_trains_on_digits(path, tmp_path):
     record = json.loads(metrics.read_text())
     assert (record["algorithm"], record["workers"], record["servers"]) == (args.algo, WORKERS, args.servers)
     assert (record["lr"], record["batch_size"]) == (args.lr, args.batch_size)  # the preset's values ran
-    # one epoch with the preset's values learns: far above chance (0.1) and below the first loss (ln 10);
-    # measured 0.77 (od-sgd) to 0.93 (ssgd), train loss 0.97 to 1.24
+    # one epoch with the preset's values learns: far above chance (0.1) and well below the first loss
+    # (ln 10 = 2.30). Measured alone: accuracy 0.77 (od-sgd) to 0.93 (ssgd), train loss 0.97 to 1.24;
+    # in a loaded CI run gossip's epoch-mean train loss was 1.62 at accuracy 0.86 (its peers mix less
+    # often when the cores are busy), so the loss bound is 2.0: an epoch at lr 0.001 stays above 2.2
     assert record["steps"] > 0 and record["final_test_accuracy"] >= 0.6, record["history"]
-    assert record["history"][-1]["train_loss"] < 1.6, record["history"]
+    assert record["history"][-1]["train_loss"] < 2.0, record["history"]
