@@ -6,13 +6,14 @@
                                   named_parameters=model.named_parameters(), algorithm="ssgd")
 """
 from .optimizer import DistributedOptimizer
-from .registry import ALGORITHMS, NAMES as ALGORITHM_NAMES
+from .options import option
+from .registry import ALGORITHMS, NAMES as ALGORITHM_NAMES, register as register_algorithm
 from .runtime import (init, is_initialized, is_server, is_worker, local_rank, num_servers, rank,
                       serve, server_ranks, shutdown, size, worker_comm, worker_ranks, world_rank,
                       world_size)
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedOptimizer", "ALGORITHMS", "ALGORITHM_NAMES", "init", "is_initialized",
+__all__ = ["DistributedOptimizer", "ALGORITHMS", "ALGORITHM_NAMES", "register_algorithm", "option", "init", "is_initialized",
            "is_server", "is_worker", "local_rank", "num_servers", "rank", "serve", "server_ranks",
            "shutdown", "size", "worker_comm", "worker_ranks", "world_rank", "world_size"]

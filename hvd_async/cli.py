@@ -10,12 +10,18 @@ from typing import List, Optional
 from . import config, launcher, registry
 
 
-def _algorithms(_argv: List[str]) -> int:
-    width = max(map(len, registry.NAMES))
+def _algorithms(argv: List[str]) -> int:
+    try:
+        config.load_plugins(argv)
+    except config.ConfigError as exc:
+        print(f"hvd-async algorithms: error: {exc}", file=sys.stderr)
+        return 2
+    width = max(map(len, registry.names()))
     for row in registry.ALGORITHMS.values():
         status = "built" if row.built else "planned"
         server = "server" if row.uses_servers else "      "
-        print(f"{row.name:<{width}}  {status:<7}  {server}  {row.summary}")
+        origin = f"  (plugin: {row.plugin})" if row.plugin else ""
+        print(f"{row.name:<{width}}  {status:<7}  {server}  {row.summary}{origin}")
     return 0
 
 
@@ -122,13 +128,21 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     command = COMMANDS[argv[0]][0]
-    if argv[0] == "train" and any(a in ("-h", "--help") for a in argv[1:]):
-        config.build_parser(launcher=True).print_help()
-        return 0
-    if argv[0] == "simulate" and any(a in ("-h", "--help") for a in argv[1:]):
-        from .sim.options import build_parser
+    if argv[0] in ("train", "simulate", "algorithms") and any(a in ("-h", "--help") for a in argv[1:]):
+        try:
+            config.load_plugins(argv[1:])  # their algorithms' flags are part of the help
+        except config.ConfigError as exc:
+            print(f"hvd-async {argv[0]}: error: {exc}", file=sys.stderr)
+            return 2
+        if argv[0] == "train":
+            config.build_parser(launcher=True).print_help()
+        elif argv[0] == "simulate":
+            from .sim.options import build_parser
 
-        build_parser().print_help()
+            build_parser().print_help()
+        else:
+            print("usage: hvd-async algorithms [--plugin MODULE ...]\n\nList the registry's algorithms "
+                  "(with those the --plugin modules register).")
         return 0
     return command(argv[1:])
 

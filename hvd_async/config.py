@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 import yaml
 
-from . import registry
+from . import options, registry
 from .data import DATASETS, FILE_DATASETS
 from .models import MODELS
 
@@ -35,18 +35,29 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, except where there is none to show (None)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                  suppress_defaults: bool = False) -> argparse.ArgumentParser:
     """The job's parser; ``launcher`` adds the options only ``hvd-async train`` reads."""
     d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
     p = _Parser(prog=prog, description="Train a model with a distributed SGD algorithm from the "
                 "hvd_async registry (the reference training job).",
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                formatter_class=_Help,
                 argument_default=argparse.SUPPRESS if suppress_defaults else None)
     p.add_argument("--config", metavar="FILE.yaml", default=d(None),
                    help="YAML file of options (keys as the long options); flags given here win")
     p.add_argument("--algo", default=d("ssgd"), metavar="NAME",
-                   help=f"algorithm, one of: {', '.join(registry.NAMES)} (built: {', '.join(registry.built())})")
+                   help=f"algorithm, one of: {', '.join(registry.names())}")
+    p.add_argument("--plugin", action="append", default=d([]), metavar="MODULE",
+                   help="import this module (a name on PYTHONPATH or a .py file) before anything else: the "
+                        "algorithms it registers (hvd_async.register_algorithm) become --algo names, and "
+                        "their options flags (repeatable; every rank imports it)")
     p.add_argument("--np", type=int, default=d(4 if launcher else None),
                    help="MPI processes in all, servers included" +
                    ("" if launcher else " (checked against the MPI world when given)"))
@@ -76,68 +87,6 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                         "workers are numbered 0..workers-1, not by MPI rank)")
     p.add_argument("--compute-ms", type=float, default=d(0.0), metavar="MS",
                    help="simulated compute per step on every worker (sleep), to study protocol costs")
-    p.add_argument("--backward-passes-per-step", type=int, default=d(1),
-                   help="ssgd: backward passes accumulated locally per step")
-    p.add_argument("--fp16-allreduce", action="store_true", default=d(False),
-                   help="ssgd: compress gradients to fp16 for the allreduce")
-    p.add_argument("--pull-every", type=int, default=d(1),
-                   help="asgd: pull the global weights every k steps")
-    p.add_argument("--push-rate", choices=("average", "full"), default=d("average"),
-                   help="asgd, dc-asgd, lc-asgd, dbs-asgd, softsync: each push moves the global weights by 1/workers "
-                        "of the optimizer's step, so a round of pushes makes one ssgd step at the same --lr "
-                        "(average), or by the whole step (full: workers times ssgd's step per epoch)")
-    p.add_argument("--softsync-staleness-lr", action="store_true", default=d(False),
-                   help="softsync: divide each gradient's rate by its staleness (the paper's rule)")
-    p.add_argument("--softsync-momentum", choices=("per-worker", "shared"), default=d("per-worker"),
-                   help="softsync: a momentum buffer per worker on the servers, as dc-asgd keeps "
-                        "(per-worker), or one for every aggregate (shared)")
-    p.add_argument("--lam", type=float, default=d(None),
-                   help="dc-asgd, lc-asgd: delay-compensation strength (0: none); lam0 with --dc-adaptive "
-                        "(default: dc-asgd 2.0, lc-asgd 0.04)")
-    p.add_argument("--dc-adaptive", action=argparse.BooleanOptionalAction, default=d(None),
-                   help="dc-asgd, lc-asgd: adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a) "
-                        "(default: on for dc-asgd, off for lc-asgd)")
-    p.add_argument("--softsync-n", type=int, default=d(None), metavar="N",
-                   help="softsync: apply an update per floor(workers/N) gradients, N in 1..workers "
-                        "(default: workers)")
-    p.add_argument("--predictor", choices=("linear", "mlp"), default=d("linear"),
-                   help="lc-asgd: the servers' per-worker loss predictor (a weighted log-linear fit, "
-                        "or a tiny network trained online)")
-    p.add_argument("--r-min", type=float, default=d(0.25),
-                   help="lc-asgd: smallest scale of a stale gradient (its scale r is clipped to [r-min, 1])")
-    p.add_argument("--no-loss-term", action="store_true", default=d(False),
-                   help="lc-asgd: switch the loss-prediction term off (then it is dc-asgd)")
-    p.add_argument("--dbs-every", type=int, default=d(10),
-                   help="dbs-asgd: steps between re-measuring speeds and resizing batches "
-                        "(--batch-size is the nominal batch; the global batch is workers x it)")
-    p.add_argument("--gossip-every", type=int, default=d(1), help="gossip: local steps between mixes")
-    p.add_argument("--gossip-variant", choices=("pull", "push"), default=d("pull"),
-                   help="gossip: pull (average with a peer's weights, one-sided Get) or push (push-sum, "
-                        "half of the weights added into the peer's window)")
-    p.add_argument("--gossip-topology", choices=("random", "ring", "exponential"), default=d("random"),
-                   help="gossip: how each worker picks its peer (random is seeded by --seed)")
-    p.add_argument("--tau", type=int, default=d(4), help="easgd: local steps between elastic moves")
-    p.add_argument("--alpha", type=float, default=d(None),
-                   help="easgd: moving rate in (0, 1) (default 0.9 / workers); or give --rho")
-    p.add_argument("--rho", type=float, default=d(None), help="easgd: elastic coefficient, alpha = lr * rho")
-    p.add_argument("--easgd-sync", action="store_true", default=d(False),
-                   help="easgd: synchronous form (all workers move at the same step)")
-    p.add_argument("--local-lr", type=float, default=d(None),
-                   help="od-sgd: rate of the local step (default: --lr; 0: ssgd one step late)")
-    p.add_argument("--local-momentum", type=float, default=d(None),
-                   help="od-sgd: momentum of the local step (default: --momentum)")
-    p.add_argument("--od-exchange", choices=("window", "allreduce"), default=d("window"),
-                   help="od-sgd: global step on parameter servers (window) or by Horovod allreduce "
-                        "among the workers (allreduce, no server)")
-    p.add_argument("--window", type=int, default=d(4),
-                   help="hpsgd: local steps per window (its change is averaged while the next runs)")
-    p.add_argument("--merge-rate", type=float, default=d(1.0),
-                   help="hpsgd: fraction of the averaged change merged into the global model")
-    p.add_argument("--no-overlap", action="store_true", default=d(False),
-                   help="hpsgd: wait for each window's exchange at once (local SGD with averaging)")
-    p.add_argument("--drop-own-change", action="store_true", default=d(False),
-                   help="hpsgd: restart the replica from the global model alone, dropping its own "
-                        "change in flight (the literal reading; unstable at high momentum)")
     p.add_argument("--checkpoint-dir", default=d(None), metavar="DIR",
                    help="write checkpoints here (ckpt-<updates>.pt: model, optimizer, the algorithm's state "
                         "with every server shard, batch positions, RNG states)")
@@ -170,6 +119,11 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                             "the newest checkpoint (needs --checkpoint-dir)")
         p.add_argument("--mpi-args", default=d(""), metavar="'ARGS'",
                        help="extra arguments for mpirun, e.g. '--hostfile hosts --map-by node'")
+    taken = {opt for action in p._actions for opt in action.option_strings}
+    try:
+        options.add_flags(p, registry.strategies(), suppress_defaults=suppress_defaults, taken=taken)
+    except ValueError as exc:  # a plugin's flag clashes with another
+        raise ConfigError(str(exc)) from None
     return p
 
 
@@ -190,7 +144,7 @@ def _load_yaml(path: str, parser) -> Dict:
         if dest not in known:
             raise ConfigError(f"--config {path}: unknown option {key!r}; accepted: "
                               + ", ".join(sorted(k.replace("_", "-") for k in known)))
-        if dest == "straggler":
+        if dest in ("straggler", "plugin"):
             if isinstance(value, dict):
                 value = [f"{k}={v}" for k, v in value.items()]
             value = [str(v) for v in (value if isinstance(value, list) else [value])]
@@ -224,9 +178,36 @@ def _yaml_value(path: str, key, value, action: argparse.Action):
     return value
 
 
+def load_plugins(argv: Sequence[str]) -> None:
+    """Import the ``--plugin`` modules named in ``argv`` and in its ``--config`` file (key ``plugin``),
+    before the parser is built: their algorithms' flags are then part of it."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugin", action="append", default=[])
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(list(argv))
+    specs = list(known.plugin)
+    if known.config and os.path.isfile(known.config):
+        try:
+            with open(known.config) as f:
+                data = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            data = None  # _load_yaml says what is wrong
+        given = data.get("plugin") if isinstance(data, dict) else None
+        for spec in (given if isinstance(given, list) else [given] if given else []):
+            spec = str(spec)  # a file named in a preset: relative to the preset's folder
+            beside = os.path.join(os.path.dirname(os.path.abspath(known.config)), spec)
+            specs.append(beside if spec.endswith(".py") and not os.path.isabs(spec) and os.path.isfile(beside)
+                         else spec)
+    try:
+        registry.load_plugins(specs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True) -> argparse.Namespace:
     """Parse flags over the defaults and the ``--config`` file (flags win), without validating."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    load_plugins(argv)
     parser = build_parser(launcher=launcher)
     args = parser.parse_args(argv)
     if args.config:
@@ -262,35 +243,21 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:
             raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size", "backward_passes_per_step", "pull_every", "window", "dbs_every",
-                 "gossip_every", "tau"):
+    for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {args.lr}")
-    for name in ("momentum", "weight_decay", "compute_ms", "lam", "local_momentum"):
-        if getattr(args, name) is not None and not getattr(args, name) >= 0:
+    for name in ("momentum", "weight_decay", "compute_ms"):
+        if not getattr(args, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.local_lr is not None and not args.local_lr >= 0:
-        raise ConfigError(f"--local-lr must be >= 0, got {args.local_lr}")
-    for name in ("momentum", "local_momentum"):
-        if getattr(args, name) is not None and not getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be < 1, got {getattr(args, name)}")
-    for name in ("lr", "weight_decay", "compute_ms", "lam", "local_lr"):
-        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
+    if not args.momentum < 1:
+        raise ConfigError(f"--momentum must be < 1, got {args.momentum}")
+    for name in ("lr", "weight_decay", "compute_ms"):
+        if not math.isfinite(getattr(args, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed must be in 0..{MAX_SEED} (2**32 - 1), got {args.seed}")
-    if args.alpha is not None and args.rho is not None:
-        raise ConfigError(f"give --alpha or --rho, not both (got --alpha {args.alpha} --rho {args.rho})")
-    if args.alpha is not None and not 0 < args.alpha < 1:
-        raise ConfigError(f"--alpha must be in (0, 1), got {args.alpha}")
-    if args.rho is not None and not 0 < args.rho * args.lr < 1:
-        raise ConfigError(f"--rho {args.rho} gives alpha = lr * rho = {args.rho * args.lr}; it must be in (0, 1)")
-    if not 0 < args.r_min <= 1:
-        raise ConfigError(f"--r-min must be in (0, 1], got {args.r_min}")
-    if not 0 < args.merge_rate < float("inf"):
-        raise ConfigError(f"--merge-rate must be a finite number > 0, got {args.merge_rate}")
     if args.image_size is not None and args.image_size < 1:
         raise ConfigError(f"--image-size must be >= 1, got {args.image_size}")
     if args.np is not None and args.np < 1:
@@ -314,10 +281,11 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     if uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
     args.workers = None if total is None else total - args.servers
-    if args.softsync_n is not None and not (
+    if args.algo == "softsync" and args.softsync_n is not None and not (
             1 <= args.softsync_n <= (args.workers if args.workers is not None else args.softsync_n)):
         raise ConfigError(f"--softsync-n {args.softsync_n} must be between 1 and the number of workers "
                           f"({args.workers})")
+    _validate_algorithm_options(args)
     _validate_checkpoints(args)
     args.stragglers = parse_stragglers(args.straggler)
     for worker in args.stragglers:
@@ -375,37 +343,22 @@ def _validate_checkpoints(args: argparse.Namespace) -> None:
         raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
 
 
-def _given(options: Dict) -> Dict:
-    """The options without those left unset (None): the algorithm's own default applies."""
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def algorithm_options(args: argparse.Namespace) -> Dict:
-    """The keyword options of DistributedOptimizer that the job's flags set."""
-    if args.algo == "ssgd":
-        return {"backward_passes_per_step": args.backward_passes_per_step,
-                "compression": "fp16" if args.fp16_allreduce else "none"}
-    if args.algo == "asgd":
-        return {"pull_every": args.pull_every, "push_rate": args.push_rate}
-    if args.algo == "dc-asgd":
-        return _given({"lam": args.lam, "adaptive": args.dc_adaptive, "push_rate": args.push_rate})
-    if args.algo == "lc-asgd":
-        return _given({"lam": args.lam, "adaptive": args.dc_adaptive, "predictor": args.predictor,
-                       "r_min": args.r_min, "loss_term": not args.no_loss_term, "push_rate": args.push_rate})
-    if args.algo == "softsync":
-        return {"n": args.softsync_n, "momentum": args.softsync_momentum, "push_rate": args.push_rate,
-                "staleness_lr": args.softsync_staleness_lr}
-    if args.algo == "gossip":
-        return {"every": args.gossip_every, "variant": args.gossip_variant, "topology": args.gossip_topology,
-                "seed": args.seed}
-    if args.algo == "easgd":
-        return {"tau": args.tau, "alpha": args.alpha, "rho": args.rho, "synchronous": args.easgd_sync}
-    if args.algo == "dbs-asgd":
-        return {"batch_size": args.batch_size, "every": args.dbs_every, "pull_every": args.pull_every,
-                "push_rate": args.push_rate}
-    if args.algo == "od-sgd":
-        return {"local_lr": args.local_lr, "local_momentum": args.local_momentum, "exchange": args.od_exchange}
-    if args.algo == "hpsgd":
-        return {"window": args.window, "merge_rate": args.merge_rate, "overlap": not args.no_overlap,
-                "keep_own_change": not args.drop_own_change}
-    return {}
+    """The keyword options of DistributedOptimizer that the job's flags set (those left unset are left
+    out: the algorithm's own defaults apply)."""
+    return options.from_args(registry.strategy_class(args.algo).Options, args)
+
+
+def _validate_algorithm_options(args: argparse.Namespace) -> None:
+    """The algorithm's options as its options dataclass checks them (the one place their ranges are
+    written), the error under the flag's name; then the checks that need the job's other values."""
+    if args.algo == "easgd" and args.alpha is not None and args.rho is not None:
+        raise ConfigError(f"give --alpha or --rho, not both (got --alpha {args.alpha} --rho {args.rho})")
+    options_cls = registry.strategy_class(args.algo).Options
+    try:
+        options_cls(**algorithm_options(args))
+    except (ValueError, TypeError) as exc:
+        message = options.flag_message(options_cls, str(exc).splitlines()[0] if str(exc) else repr(exc))
+        raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None
+    if args.algo == "easgd" and args.rho is not None and not 0 < args.rho * args.lr < 1:
+        raise ConfigError(f"--rho {args.rho} gives alpha = lr * rho = {args.rho * args.lr}; it must be in (0, 1)")

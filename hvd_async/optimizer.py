@@ -30,7 +30,7 @@ def _supported(strategy_cls) -> set:
 def _where_supported() -> Dict[str, List[str]]:
     """Each Horovod option -> the algorithms that give it a meaning (for the error messages)."""
     table = {name: [] for name in _HOROVOD_FIELDS}
-    for algorithm in registry.NAMES:
+    for algorithm in registry.names():
         for name in _supported(registry.strategy_class(algorithm)) & set(table):
             table[name].append(algorithm)
     return table

@@ -1,7 +1,14 @@
-"""The one table of algorithm names: what each is, where it comes from, and whether it is built."""
+"""The one table of algorithm names: what each is, where it comes from, and its strategy; the ten
+built in, and those a plugin adds (:func:`register`, the ``hvd_async.algorithms`` entry points, or a
+module named by ``--plugin``)."""
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple, Union
+
+ENTRY_POINTS = "hvd_async.algorithms"  # entry-point group: name = "module:function or Class"
 
 
 @dataclass(frozen=True)
@@ -14,14 +21,17 @@ class AlgorithmInfo:
         paper: where the update rule comes from.
         uses_servers: whether it keeps global weights on parameter-server ranks (the default
             ``servers`` of the training job is 1 for these and 0 for the others).
-        strategy: ``"module:Class"`` of its strategy once built; ``None`` while it is planned.
+        strategy: ``"module:Class"`` of its strategy, or the class itself (a plugin's); ``None``
+            while it is planned.
+        plugin: where a plugin algorithm came from (None for the built-in ones).
     """
 
     name: str
     summary: str
     paper: str
     uses_servers: bool
-    strategy: Optional[str] = None
+    strategy: Union[str, type, None] = None
+    plugin: Optional[str] = None
 
     @property
     def built(self) -> bool:
@@ -55,20 +65,110 @@ _ROWS = (
 )
 
 ALGORITHMS: Dict[str, AlgorithmInfo] = {row.name: row for row in _ROWS}
-NAMES: Tuple[str, ...] = tuple(ALGORITHMS)
+NAMES: Tuple[str, ...] = tuple(ALGORITHMS)  # the built-in ones; names() adds the plugins'
+
+
+def names() -> Tuple[str, ...]:
+    """Every algorithm name: the built-in ones, then the plugins' in the order they registered."""
+    _load_entry_points()
+    return tuple(ALGORITHMS)
 
 
 def built() -> Tuple[str, ...]:
     """Names of the algorithms that can run now."""
-    return tuple(name for name, row in ALGORITHMS.items() if row.built)
+    return tuple(name for name in names() if ALGORITHMS[name].built)
 
 
 def get(name: str) -> AlgorithmInfo:
     """The registry row for ``name``; ``ValueError`` naming the accepted names otherwise."""
+    _load_entry_points()
     try:
         return ALGORITHMS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(NAMES)}") from None
+        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)} (an algorithm "
+                         f"of your own: hvd_async.register_algorithm, or --plugin MODULE)") from None
+
+
+def register(name: str, strategy: type, *, summary: str, paper: str = "", uses_servers: bool = False,
+             replace: bool = False) -> AlgorithmInfo:
+    """Add an algorithm: ``strategy`` is a :class:`hvd_async.algorithms.base.Strategy` subclass with an
+    ``Options`` dataclass (fields declared with :func:`hvd_async.options.option` become flags of
+    ``hvd-async train`` and ``simulate``). Then ``DistributedOptimizer(..., algorithm=name)``, ``--algo
+    name``, presets and the simulator run it. Registering the same class again is a no-op; another
+    class under a taken name is refused unless ``replace`` (never for a built-in name)."""
+    from .algorithms.base import Strategy
+
+    if not (isinstance(name, str) and name and name.strip() == name and " " not in name):
+        raise ValueError(f"algorithm name must be a non-empty string without spaces, got {name!r}")
+    if not (isinstance(strategy, type) and issubclass(strategy, Strategy)):
+        raise TypeError(f"register({name!r}, ...): strategy must be a subclass of "
+                        f"hvd_async.algorithms.base.Strategy, got {strategy!r}")
+    if getattr(strategy, "Options", None) is None:
+        raise TypeError(f"register({name!r}, ...): {strategy.__name__} needs an Options dataclass "
+                        f"(an empty one where it takes no options)")
+    old = ALGORITHMS.get(name)
+    if old is not None and old.strategy is not strategy:
+        if old.plugin is None or not replace:
+            raise ValueError(f"algorithm {name!r} is taken ({'built in' if old.plugin is None else old.plugin}); "
+                             f"register yours under another name")
+    strategy.name = name
+    module = sys.modules.get(getattr(strategy, "__module__", ""))
+    row = AlgorithmInfo(name, summary, paper, bool(uses_servers), strategy,
+                        plugin=getattr(module, "__file__", None) or getattr(strategy, "__module__", "?"))
+    ALGORITHMS[name] = row
+    return row
+
+
+_entry_points_loaded = False
+
+
+def _load_entry_points() -> None:
+    """Import the installed packages' algorithms (entry-point group ``hvd_async.algorithms``), once."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINTS):
+        target = ep.load()
+        if isinstance(target, type):
+            register(ep.name, target, summary=(target.__doc__ or ep.name).strip().splitlines()[0])
+        elif callable(target):
+            target()  # a function that calls register() itself
+
+
+def load_plugins(specs: Iterable[str]) -> None:
+    """Import each plugin: a module name (``mypkg.algos``) or a Python file's path; importing it
+    registers its algorithms. ``ValueError`` with one line where it cannot be imported."""
+    for spec in specs:
+        spec = str(spec)
+        try:
+            if spec.endswith(".py") or os.sep in spec:
+                path = os.path.abspath(spec)
+                if not os.path.isfile(path):
+                    raise ValueError(f"--plugin {spec}: no such file; give a Python file or an importable "
+                                     f"module name")
+                module_name = "hvd_async_plugin_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+                if module_name in sys.modules:
+                    continue
+                loader_spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(loader_spec)
+                sys.modules[module_name] = module
+                try:
+                    loader_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[module_name]
+                    raise
+            else:
+                import_module(spec)
+        except ValueError:
+            raise
+        except ImportError as exc:
+            raise ValueError(f"--plugin {spec}: cannot import it ({exc}); give a Python file or a module "
+                             f"on PYTHONPATH") from None
+        except Exception as exc:
+            raise ValueError(f"--plugin {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
 
 
 def check_built(name: str) -> AlgorithmInfo:
@@ -82,5 +182,13 @@ def check_built(name: str) -> AlgorithmInfo:
 
 def strategy_class(name: str):
     """Import and return the strategy class of a built algorithm."""
-    module, cls = check_built(name).strategy.split(":")
+    strategy = check_built(name).strategy
+    if isinstance(strategy, type):
+        return strategy
+    module, cls = strategy.split(":")
     return getattr(import_module(module), cls)
+
+
+def strategies() -> Dict[str, type]:
+    """Every built algorithm's strategy class, by name."""
+    return {name: strategy_class(name) for name in built()}

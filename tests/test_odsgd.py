@@ -47,8 +47,8 @@ def test_odsgd_job_reaches_accuracy_and_reports_the_wait(tmp_path, exchange, np)
 
 @pytest.mark.parametrize("flags,fragment", [
     (["--od-exchange", "allreduce", "--servers", "1"], "with --od-exchange allreduce uses no parameter server"),
-    (["--local-lr", "-1"], "--local-lr must be >= 0, got -1.0"),
-    (["--local-momentum", "1"], "--local-momentum must be < 1, got 1.0"),
+    (["--local-lr", "-1"], "--local-lr must be a finite number >= 0 (0: one-step-delayed ssgd), got -1.0"),
+    (["--local-momentum", "1"], "--local-momentum must be in [0, 1), got 1.0"),
     (["--od-exchange", "nccl"], "argument --od-exchange: invalid choice: 'nccl'"),
 ])
 def test_odsgd_bad_options(flags, fragment):

@@ -98,13 +98,13 @@ def test_dbs_batch_sizes_follow_inverse_speed(tmp_path):
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--algo", "dc-asgd", "--lam", "-1"], "--lam must be >= 0, got -1.0"),
+    (["--algo", "dc-asgd", "--lam", "-1"], "--lam must be a number >= 0 and finite (0 turns compensation off), got -1.0"),
     (["--algo", "lc-asgd", "--r-min", "0"], "--r-min must be in (0, 1], got 0.0"),
-    (["--algo", "dbs-asgd", "--dbs-every", "0"], "--dbs-every must be >= 1, got 0"),
+    (["--algo", "dbs-asgd", "--dbs-every", "0"], "--dbs-every must be an integer >= 1, got 0"),
     (["--algo", "softsync", "--np", "5", "--softsync-n", "5"], "--softsync-n 5 must be between 1 and "
                                                                "the number of workers (4)"),
     (["--algo", "asgd", "--servers", "0"], "--servers 0: algorithm 'asgd' needs at least one server"),
-    (["--algo", "asgd", "--pull-every", "0"], "--pull-every must be >= 1, got 0"),
+    (["--algo", "asgd", "--pull-every", "0"], "--pull-every must be an integer >= 1 (pull the global weights every k steps), got 0"),
 ])
 def test_bad_parameter_server_options_exit_2(argv, match):
     result = run(CLI + ["train", *argv], timeout=60)

@@ -5,13 +5,14 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import is_int_at_least
-from .ps import PSStrategy, check_push_rate, push_scale
+from .ps import PUSH_RATE_HELP, PUSH_RATES, PSStrategy, check_push_rate, push_scale
+from ..options import option
 
 
 @dataclass
 class ASGDOptions:
-    pull_every: int = 1
-    push_rate: str = "average"
+    pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
+    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):
         if not is_int_at_least(self.pull_every, 1):

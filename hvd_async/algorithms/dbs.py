@@ -29,19 +29,23 @@ import numpy as np
 import torch
 
 from ..checks import is_int_at_least
+from ..options import option
 from .asgd import ASGD
-from .ps import check_push_rate
+from .ps import PUSH_RATE_HELP, PUSH_RATES, check_push_rate
 
 
 @dataclass
 class DBSASGDOptions:
-    batch_size: Optional[int] = None
-    every: int = 10
-    smoothing: float = 0.5
-    min_batch: int = 1
-    max_batch: Optional[int] = None
-    pull_every: int = 1
-    push_rate: str = "average"
+    batch_size: Optional[int] = option(None, "the nominal batch per worker", from_job="batch_size")
+    every: int = option(10, "steps between re-measuring speeds and resizing batches (--batch-size is the "
+                        "nominal batch; the global batch is workers x it)", flag="--dbs-every")
+    smoothing: float = option(0.5, "weight of the past in the speeds' moving average, in [0, 1)",
+                              flag="--dbs-smoothing")
+    min_batch: int = option(1, "smallest batch a worker is given", flag="--dbs-min-batch")
+    max_batch: Optional[int] = option(None, "largest batch a worker is given (default: none)",
+                                      flag="--dbs-max-batch")
+    pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
+    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):
         check_push_rate(self.push_rate)

@@ -7,19 +7,24 @@ import torch
 
 from ..checks import is_finite_number
 from ..horovod_options import compression_name
+from ..options import option
 from ..rules import DCRule
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import MailboxProgram, MailboxStrategy, check_push_rate
+from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, MailboxStrategy, check_push_rate
+
+LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
+ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
+MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
 
 
 @dataclass
 class DCASGDOptions:
-    lam: float = 2.0
-    adaptive: bool = True
-    ms_momentum: float = 0.95
+    lam: float = option(2.0, LAM_HELP, flag="--lam")
+    adaptive: bool = option(True, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
+    ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
     compression: Any = "none"  # 'fp16': gradients and weights cross the network in half precision
-    push_rate: str = "average"
+    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from ..checks import is_finite_number, is_int_at_least
+from ..options import option
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window as W
 from .base import Strategy
@@ -67,10 +68,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EASGDOptions:
-    tau: int = 4
-    alpha: Optional[float] = None
-    rho: Optional[float] = None
-    synchronous: bool = False
+    tau: int = option(4, "local steps between elastic moves", flag="--tau")
+    alpha: Optional[float] = option(None, "moving rate in (0, 1) (default 0.9 / workers); or give --rho",
+                                    flag="--alpha")
+    rho: Optional[float] = option(None, "elastic coefficient, alpha = lr * rho", flag="--rho")
+    synchronous: bool = option(False, "synchronous form (all workers move at the same step)",
+                               flag="--easgd-sync", action="store_true")
 
     def __post_init__(self):
         if not is_int_at_least(self.tau, 1):

@@ -49,6 +49,7 @@ from typing import Dict
 import torch
 
 from ..checks import is_finite_number, is_int_at_least
+from ..options import option
 from ..rules.mixing import pull_average_, push_sum_estimate_, push_sum_fold_, push_sum_split_
 from .base import Strategy
 from .peers import TOPOLOGIES, PeerSchedule
@@ -64,10 +65,13 @@ MIN_PUSH_WEIGHT = 2.0 ** -20
 
 @dataclass
 class GossipOptions:
-    every: int = 1
-    variant: str = "pull"
-    topology: str = "random"
-    seed: int = 0
+    every: int = option(1, "local steps between mixes", flag="--gossip-every")
+    variant: str = option("pull", "pull (average with a peer's weights, one-sided Get) or push (push-sum, "
+                          "half of the weights added into the peer's window)", flag="--gossip-variant",
+                          choices=VARIANTS)
+    topology: str = option("random", "how each worker picks its peer (random is seeded by --seed)",
+                           flag="--gossip-topology", choices=TOPOLOGIES)
+    seed: int = option(0, "seed of the random peers", from_job="seed")
     progress_interval: float = 0.001
 
     def __post_init__(self):

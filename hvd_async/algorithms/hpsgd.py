@@ -58,6 +58,7 @@ from typing import Any, Dict
 import torch
 
 from ..checks import all_finite, is_finite_number, is_int_at_least
+from ..options import option
 from ..transport.base import ReduceOp
 from ..transport.window import staleness_summary
 from .base import Strategy
@@ -67,10 +68,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class HPSGDOptions:
-    window: int = 4
-    merge_rate: float = 1.0
-    overlap: bool = True
-    keep_own_change: bool = True
+    window: int = option(4, "local steps per window (its change is averaged while the next runs)",
+                         flag="--window")
+    merge_rate: float = option(1.0, "fraction of the averaged change merged into the global model",
+                               flag="--merge-rate")
+    overlap: bool = option(True, "wait for each window's exchange at once (local SGD with averaging)",
+                           flag="--no-overlap", action="store_false")
+    keep_own_change: bool = option(True, "restart the replica from the global model alone, dropping its "
+                                   "own change in flight (the literal reading; unstable at high momentum)",
+                                   flag="--drop-own-change", action="store_false")
 
     def __post_init__(self):
         if not is_int_at_least(self.window, 1):

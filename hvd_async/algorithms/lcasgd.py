@@ -6,27 +6,31 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..horovod_options import compression_name
+from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from ..transport import window as W
-from .dcasgd import DCASGD, _check_dc_numbers, DCProgram
-from .ps import MailboxProgram, check_push_rate
+from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
+from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_push_rate
 
 
 @dataclass
 class LCASGDOptions:
-    lam: float = 0.04
-    adaptive: bool = False
-    ms_momentum: float = 0.95
-    loss_term: bool = True
-    predictor: str = "linear"
+    lam: float = option(0.04, LAM_HELP, flag="--lam")
+    adaptive: bool = option(False, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
+    ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
+    loss_term: bool = option(True, "switch the loss-prediction term off (then it is dc-asgd)",
+                             flag="--no-loss-term", action="store_false")
+    predictor: str = option("linear", "the servers' per-worker loss predictor (a weighted log-linear fit, or "
+                            "a tiny network trained online)", flag="--predictor", choices=tuple(PREDICTORS))
     predictor_options: Optional[Dict] = None
     floor: float = 0.0
-    r_min: float = 0.25
-    r_max: float = 1.0
+    r_min: float = option(0.25, "smallest scale of a stale gradient (its scale r is clipped to "
+                          "[r-min, r-max])", flag="--r-min")
+    r_max: float = option(1.0, "largest scale of a stale gradient", flag="--r-max")
     min_history: int = 4
     compression: Any = "none"
-    push_rate: str = "average"
+    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)

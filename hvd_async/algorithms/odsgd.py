@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from ..rules import SGDRule
+from ..options import option
 from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
@@ -64,11 +65,16 @@ EXCHANGES = ("window", "allreduce")
 
 @dataclass
 class ODSGDOptions:
-    local_lr: Optional[float] = None
-    local_momentum: Optional[float] = None
+    local_lr: Optional[float] = option(None, "rate of the local step (default: --lr; 0: ssgd one step late)",
+                                       flag="--local-lr")
+    local_momentum: Optional[float] = option(None, "momentum of the local step (default: --momentum)",
+                                             flag="--local-momentum")
     local_optimizer: Optional[Callable] = None
-    local_schedule: Any = "follow"
-    exchange: str = "window"
+    local_schedule: Any = option("follow", "the local step's rate follows the optimizer's schedule, or stays "
+                                 "fixed at --local-lr", flag="--local-schedule", choices=("follow", "fixed"),
+                                 type=str)
+    exchange: str = option("window", "global step on parameter servers (window) or by Horovod allreduce "
+                           "among the workers (allreduce, no server)", flag="--od-exchange", choices=EXCHANGES)
 
     def __post_init__(self):
         lr = self.local_lr

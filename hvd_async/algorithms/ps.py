@@ -70,7 +70,7 @@ def check_server_sgd(algorithm: str, optimizer) -> None:
     if not isinstance(optimizer, torch.optim.SGD):
         from .. import registry
 
-        anything = [name for name in registry.NAMES if registry.strategy_class(name).runs_user_optimizer]
+        anything = [name for name in registry.names() if registry.strategy_class(name).runs_user_optimizer]
         raise TypeError(f"{algorithm} applies its SGD rule on the parameter servers: wrap a "
                         f"torch.optim.SGD (got {type(optimizer).__name__}); these run any optimizer: "
                         f"{', '.join(anything)}")
@@ -117,6 +117,9 @@ def load_server_state_dict(transport, state: Dict) -> None:
 
 
 PUSH_RATES = ("average", "full")
+PUSH_RATE_HELP = ("each push moves the global weights by 1/workers of the optimizer's step, so a round of "
+                  "pushes makes one ssgd step at the same --lr (average), or by the whole step (full: workers "
+                  "times ssgd's step per epoch)")
 
 
 

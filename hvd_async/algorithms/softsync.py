@@ -6,19 +6,24 @@ import torch
 
 from ..checks import is_int_at_least
 from ..horovod_options import compression_name
+from ..options import option
 from ..rules import staleness_scaled_mean_
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import MailboxProgram, MailboxStrategy, check_push_rate
+from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, MailboxStrategy, check_push_rate
 
 
 @dataclass
 class SoftSyncOptions:
-    n: Optional[int] = None
-    staleness_lr: bool = False
+    n: Optional[int] = option(None, "apply an update per floor(workers/N) gradients, N in 1..workers "
+                              "(default: workers)", flag="--softsync-n", metavar="N")
+    staleness_lr: bool = option(False, "divide each gradient's rate by its staleness (the paper's rule)",
+                                flag="--softsync-staleness-lr", action="store_true")
     compression: Any = "none"
-    momentum: str = "per-worker"
-    push_rate: str = "average"
+    momentum: str = option("per-worker", "a momentum buffer per worker on the servers, as dc-asgd keeps "
+                           "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
+                           choices=("per-worker", "shared"))
+    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)

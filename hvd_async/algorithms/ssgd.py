@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..checks import all_finite, is_int_at_least
+from ..options import option
 from ..transport.base import ReduceOp
 from .base import Strategy
 
@@ -38,8 +39,10 @@ def _compression(value):
 
 @dataclass
 class SSGDOptions:
-    backward_passes_per_step: int = 1
-    compression: Any = None
+    backward_passes_per_step: int = option(1, "backward passes accumulated locally per step",
+                                           flag="--backward-passes-per-step")
+    compression: Any = option(None, "compress gradients to fp16 for the allreduce", flag="--fp16-allreduce",
+                              action="store_true", convert=lambda on: "fp16")
     op: Any = "average"
     gradient_predivide_factor: float = 1.0
     sparse_as_dense: bool = False

@@ -68,6 +68,7 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Flags over the defaults and the ``--config`` file (flags win), as ``config.parse``."""
     argv = list(argv or [])
+    config.load_plugins(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config:
@@ -95,7 +96,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
-    if args.algo not in SUPPORTED or (args.algo == "od-sgd" and args.od_exchange != "allreduce"):
+    plugin = registry.get(args.algo).plugin is not None  # a plugin runs over the simulated transports too
+    if not (args.algo in SUPPORTED or plugin) or (args.algo == "od-sgd" and args.od_exchange != "allreduce"):
         raise config.ConfigError(f"--algo {args.algo}{' --od-exchange window' if args.algo == 'od-sgd' else ''} "
                                  f"is not supported by the simulator; supported: {', '.join(SUPPORTED)} "
                                  f"(od-sgd with --od-exchange allreduce)")

@@ -1,0 +1,147 @@
+"""An algorithm's options, declared once: each field of its options dataclass carries its command-line
+form, and the flags (so the YAML keys of ``--config``), the job's validation and the CLI reference are
+made from those declarations.
+
+    @dataclass
+    class MyOptions:
+        period: int = option(4, "local steps between averagings", flag="--my-period")
+        seed: int = option(0, "seed of the peer choice", from_job="seed")   # the job's --seed
+        hook: object = None                                                  # Python only
+
+A flag that several algorithms declare is one option of the parser, whose help names them all. A
+field without ``flag`` (or ``from_job``) is set from Python only. Ranges are checked once, by the
+dataclass's own ``__post_init__``; the command line reports its error under the flag's name.
+"""
+import argparse
+import dataclasses
+import typing
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+_KEY = "hvd_async"
+_BOOL_ACTIONS = ("store_true", "store_false", "boolean")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How one option field appears on the command line.
+
+    Attributes:
+        flag: the long option, e.g. ``"--pull-every"`` (None: no flag of its own).
+        help: one line on what it does (the algorithms that declare it are prefixed).
+        choices: the accepted values, where they are a fixed list.
+        action: for bool fields: ``"store_true"`` (the flag sets True), ``"store_false"`` (the flag
+            sets False, e.g. ``--no-overlap``) or ``"boolean"`` (``--x`` / ``--no-x``, unset keeps
+            the algorithm's default).
+        from_job: the field is the job's option of this name (e.g. ``"seed"``), with no flag.
+        convert: the parsed value -> the option's value (e.g. a switch -> ``'fp16'``).
+        type: the parsed type where the field's annotation does not say it.
+        metavar: the value's name in the help.
+    """
+
+    flag: Optional[str]
+    help: str
+    choices: Optional[Tuple] = None
+    action: Optional[str] = None
+    from_job: Optional[str] = None
+    convert: Optional[Callable[[Any], Any]] = None
+    type: Optional[type] = None
+    metavar: Optional[str] = None
+
+    @property
+    def dest(self) -> Optional[str]:
+        return None if self.flag is None else self.flag.lstrip("-").replace("-", "_")
+
+
+def option(default: Any, help: str, *, flag: Optional[str] = None, **how) -> Any:
+    """A field of an algorithm's options dataclass with its command-line form (see :class:`Flag`)."""
+    if how.get("action") not in (None,) + _BOOL_ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(_BOOL_ACTIONS)}, got {how['action']!r}")
+    if flag is not None and not flag.startswith("--"):
+        raise ValueError(f"flag must be a long option such as '--my-period', got {flag!r}")
+    return dataclasses.field(default=default, metadata={_KEY: Flag(flag, help, **how)})
+
+
+def declared(options_cls) -> List[Tuple[dataclasses.Field, Flag]]:
+    """The fields of ``options_cls`` that the command line sets, with their declarations."""
+    if options_cls is None or not dataclasses.is_dataclass(options_cls):
+        return []
+    return [(f, f.metadata[_KEY]) for f in dataclasses.fields(options_cls) if _KEY in f.metadata]
+
+
+def _parsed_type(options_cls, field: dataclasses.Field, how: Flag):
+    if how.type is not None:
+        return how.type
+    hint = typing.get_type_hints(options_cls).get(field.name, str)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+    return hint if hint in (int, float, str) else str
+
+
+def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, suppress_defaults: bool,
+              taken: Optional[set] = None) -> None:
+    """Add every declared flag of ``strategies`` (algorithm name -> strategy class) to ``parser``, one
+    option per flag (its help names the algorithms that declare it; where their defaults differ the
+    flag's default is None and the help lists each algorithm's)."""
+    by_flag: Dict[str, List[Tuple[str, type, dataclasses.Field, Flag]]] = {}
+    for name, cls in strategies.items():
+        options_cls = getattr(cls, "Options", None)
+        for field, how in declared(options_cls):
+            if how.flag is not None:
+                by_flag.setdefault(how.flag, []).append((name, options_cls, field, how))
+    taken = set(taken or ())
+    group = parser.add_argument_group("algorithm options", "each applies to the algorithms it names")
+    for flag, users in by_flag.items():
+        if flag in taken:
+            raise ValueError(f"algorithm {users[0][0]!r} declares {flag}, an option of the job itself; "
+                             f"rename it (e.g. --{users[0][0]}-{flag[2:]})")
+        _, options_cls, field, how = users[0]
+        for other_name, other_cls, other_field, other in users[1:]:
+            if (other.action, _parsed_type(other_cls, other_field, other)) != (
+                    how.action, _parsed_type(options_cls, field, how)):
+                raise ValueError(f"{flag} is declared by {users[0][0]} and {other_name} with different "
+                                 f"kinds of value; give one of them another flag")
+        names = ", ".join(dict.fromkeys(u[0] for u in users))
+        helps = list(dict.fromkeys(u[3].help for u in users))
+        text = f"{names}: {' / '.join(helps)}"
+        d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
+        if how.action in ("store_true", "store_false"):
+            group.add_argument(flag, action="store_true", default=d(False), help=text)
+            continue
+        defaults = {u[0]: u[2].default for u in users}
+        default = next(iter(defaults.values())) if len(set(map(repr, defaults.values()))) == 1 else None
+        if default is None and len(defaults) > 1 and len(set(map(repr, defaults.values()))) > 1:
+            text += " (default: " + ", ".join(f"{n} {v}" for n, v in defaults.items()) + ")"
+        if how.action == "boolean":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=d(default), help=text)
+            continue
+        group.add_argument(flag, type=_parsed_type(options_cls, field, how), choices=how.choices,
+                           default=d(default), metavar=how.metavar, help=text)
+
+
+def from_args(options_cls, args: argparse.Namespace) -> Dict[str, Any]:
+    """The keyword options of an algorithm that the parsed job options set (unset flags are left out,
+    so the algorithm's own defaults apply)."""
+    out = {}
+    for field, how in declared(options_cls):
+        if how.from_job is not None:
+            value = getattr(args, how.from_job, None)
+        elif how.flag is not None:
+            value = getattr(args, how.dest, None)
+            if how.action in ("store_true", "store_false"):
+                value = (how.action == "store_true") if value else None
+        else:
+            continue
+        if value is not None:
+            out[field.name] = how.convert(value) if how.convert is not None else value
+    return out
+
+
+def flag_message(options_cls, message: str) -> str:
+    """An options dataclass's error as the command line says it: a message that starts with a field's
+    name starts with its flag instead."""
+    for field, how in declared(options_cls):
+        name = how.flag or (f"--{how.from_job.replace('_', '-')}" if how.from_job else None)
+        if name and (message.startswith(field.name + " ") or message.startswith(field.name + ":")):
+            return name + message[len(field.name):]
+    return message
