@@ -266,7 +266,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
         raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
                           f"launched with; drop --np or launch with mpirun -np {args.np}")
     total = world_size if world_size is not None else args.np
-    uses_servers = row.uses_servers and not (args.algo == "od-sgd" and args.od_exchange == "allreduce")
+    uses_servers = registry.uses_servers(args.algo, algorithm_options(args))
     if args.servers is None:
         args.servers = 1 if uses_servers else 0
     if args.servers < 0:
@@ -276,7 +276,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
                           f"process, servers included; use --servers < {total} or a larger --np")
     if not uses_servers and args.servers:
         raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r}"
-                          f"{' with --od-exchange allreduce' if row.uses_servers else ''} uses no "
+                          f"{' with ' + given_flags(args) if row.uses_servers else ''} uses no "
                           f"parameter server; use --servers 0")
     if uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
@@ -341,6 +341,15 @@ def _validate_checkpoints(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} needs --checkpoint-dir (the folder the checkpoints are in)")
     if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
         raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
+
+
+def given_flags(args: argparse.Namespace) -> str:
+    """The algorithm's flags whose values differ from its defaults, as typed (for error messages)."""
+    options_cls = registry.strategy_class(args.algo).Options
+    given = options.from_args(options_cls, args)
+    return " ".join(f"{how.flag} {getattr(args, how.dest)}" for field, how in options.declared(options_cls)
+                    if how.flag and field.name in given and given[field.name] != field.default
+                    and how.action not in ("store_true", "store_false"))
 
 
 def algorithm_options(args: argparse.Namespace) -> Dict:

@@ -189,6 +189,12 @@ def strategy_class(name: str):
     return getattr(import_module(module), cls)
 
 
+def uses_servers(name: str, options: Dict) -> bool:
+    """Whether ``name`` with these keyword options needs server ranks (the strategy's hook decides,
+    from what the algorithm was registered with)."""
+    return strategy_class(name).uses_servers(options, get(name).uses_servers)
+
+
 def strategies() -> Dict[str, type]:
     """Every built algorithm's strategy class, by name."""
     return {name: strategy_class(name) for name in built()}

@@ -161,8 +161,7 @@ class _Job:
         self.uses_servers = ha.num_servers() > 0
         self.source = WorkerBatches(len(splits.train), args.batch_size, rank=rank, workers=workers, seed=args.seed,
                                     strategy=self.opt.strategy, servers=self.uses_servers,
-                                    fetch_add=(self.opt.strategy.transport.fetch_add_cursor
-                                               if args.algo == "dbs-asgd" else None))
+                                    fetch_add=self.opt.strategy.batch_cursor())
         self.steps_per_epoch = (-(-self.source.global_steps // workers) if self.uses_servers
                                 else self.source.batches.per_epoch)  # for the bar
         self.pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
@@ -456,8 +455,7 @@ class _Job:
                 self.beat()
                 if self.reporter:
                     logger.info("checkpoint %s written", path)
-            if hasattr(opt.strategy, "resume_local"):  # easgd evaluated the centre; train on its own weights
-                opt.strategy.resume_local()
+            opt.strategy.after_evaluation()
         return self._finish()
 
     def _finish(self) -> dict:

@@ -52,6 +52,40 @@ class Strategy(abc.ABC):
         """What the server ranks run for this algorithm (parameter-server algorithms only)."""
         raise RuntimeError(f"algorithm {cls.name!r} uses no parameter server")
 
+    # What the training job and the simulator ask of an algorithm, beyond step(): hooks with defaults,
+    # so that neither tests an algorithm by name.
+
+    @classmethod
+    def uses_servers(cls, options: Dict[str, Any], registered: bool) -> bool:
+        """Whether a job with these keyword ``options`` needs server ranks (default: what the
+        algorithm was registered with; od-sgd's allreduce exchange needs none)."""
+        return registered
+
+    @classmethod
+    def simulated(cls, options: Dict[str, Any]) -> bool:
+        """Whether ``hvd-async simulate`` can run it with these keyword options: it runs the strategy
+        over simulated transports on one thread, so an exchange with a thread of its own cannot."""
+        return True
+
+    @classmethod
+    def resolve_options(cls, options, workers: int) -> None:
+        """Fill in the options' defaults that depend on the number of workers (softsync's n), in
+        place, before any server is asked to open anything."""
+
+    @classmethod
+    def server_options(cls, options) -> Dict[str, Any]:
+        """What the server ranks' program needs of the options (parameter-server algorithms)."""
+        return {}
+
+    def batch_cursor(self):
+        """``n -> first index`` of a fetch-and-add over the epoch's samples shared by all workers, where
+        the algorithm sizes each worker's batches itself (dbs-asgd); None: the job's own split."""
+        return None
+
+    def after_evaluation(self) -> None:
+        """The job evaluated after ``load_global_model()``; go on training from what this worker
+        trains on (easgd evaluates the centre and trains its own weights)."""
+
     def clock(self) -> float:
         """Seconds on the transport's clock, for speeds and waits (the simulator's: virtual time)."""
         return self.transport.clock()

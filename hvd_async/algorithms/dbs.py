@@ -93,6 +93,9 @@ class DBSASGD(ASGD):
         self._since = self.clock()
         self._skip_measure = True
 
+    def batch_cursor(self):
+        return self.transport.fetch_add_cursor
+
     def _measure(self, used: int) -> None:
         now = self.clock()
         elapsed, self._since = now - self._since, now

@@ -134,6 +134,9 @@ class EASGD(Strategy):
     def server_program(cls, host):
         return AccumulateProgram(host)
 
+    def after_evaluation(self) -> None:
+        self.resume_local()
+
     def resume_local(self) -> None:
         """After ``load_global_model()``: put the worker's own weights back into the model (no-op otherwise)."""
         if self.holding_centre:

@@ -252,6 +252,14 @@ class ODSGD(Strategy):
     name = "od-sgd"
     Options = ODSGDOptions
 
+    @classmethod
+    def uses_servers(cls, options, registered: bool) -> bool:
+        return options.get("exchange", ODSGDOptions.exchange) == "window"
+
+    @classmethod
+    def simulated(cls, options) -> bool:  # the window exchange runs on a thread of its own
+        return options.get("exchange", ODSGDOptions.exchange) == "allreduce"
+
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         params = [p for _, p in named_parameters]

@@ -163,10 +163,6 @@ class PSStrategy(Strategy):
         self.model.load_params()
 
     @classmethod
-    def server_options(cls, options) -> Dict:
-        return {}
-
-    @classmethod
     def make_transport(cls, named_parameters, options):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:

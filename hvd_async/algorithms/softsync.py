@@ -73,6 +73,10 @@ class SoftSync(MailboxStrategy):
         cls._resolve_n(options, runtime.size())  # before the servers are asked to open anything
         return super().make_transport(named_parameters, options)
 
+    @classmethod
+    def resolve_options(cls, options, workers: int) -> None:
+        cls._resolve_n(options, workers)
+
     @staticmethod
     def _resolve_n(options, workers: int) -> None:
         if options.n is None:

@@ -69,9 +69,8 @@ class Cluster:
         if args.servers > 0:
             cls = self.strategy_cls
             options = parse_options(cls.Options, args.algo, algorithm_options(args))
-            if hasattr(cls, "_resolve_n"):  # softsync: n defaults to the workers, before the servers open
-                cls._resolve_n(options, args.workers)
-            server_options = cls.server_options(options) if hasattr(cls, "server_options") else {}
+            cls.resolve_options(options, args.workers)  # before the servers open
+            server_options = cls.server_options(options)
             spec = W.WindowSpec(args.algo, getattr(cls, "mode", "accumulate"), numel, args.servers,
                                 args.workers, server_options)
             self.servers = SimServers(spec, cls.server_program)
@@ -151,7 +150,7 @@ class _Worker:
         self.servers = args.servers > 0
         self.source = WorkerBatches(len(self.splits.train), args.batch_size, rank=rank, workers=args.workers,
                                     seed=args.seed, strategy=self.opt.strategy, servers=self.servers,
-                                    fetch_add=transport.fetch_add_cursor if args.algo == "dbs-asgd" else None)
+                                    fetch_add=self.opt.strategy.batch_cursor())
         self.steps_total = self.streak = self.skipped_seen = 0
 
     def _next_batch(self, epoch: int):
@@ -237,8 +236,7 @@ class _Worker:
             rates = comm.gather(t["samples"] / t["seconds"] if t["seconds"] > 0 else 0.0)
             waits = comm.gather(1000.0 * t["wait"] / per_step)
             accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm)
-            if hasattr(self.opt.strategy, "resume_local"):  # easgd evaluated the centre
-                self.opt.strategy.resume_local()
+            self.opt.strategy.after_evaluation()
             staleness = pooled_staleness(stats, comm)
             batch_sizes = comm.gather(stats.get("batch_size", args.batch_size))
             if reporter:

@@ -9,11 +9,9 @@ import argparse
 import os
 from typing import Optional, Sequence
 
-from .. import config, registry
+from .. import config, options, registry
 from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 
-# what the simulator runs (od-sgd: only with --od-exchange allreduce, whose exchange has no thread of its own)
-SUPPORTED = ("asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "ssgd", "easgd", "gossip", "hpsgd", "od-sgd")
 REPLAYABLE = ("asgd",)
 DEFAULT_COMPUTE_MS = 10.0
 
@@ -89,18 +87,17 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         except ValueError:
             row = None  # validate() says what is accepted
         if row is not None:
-            args.servers = int(row.uses_servers and not (args.algo == "od-sgd" and args.od_exchange == "allreduce"))
+            args.servers = int(registry.uses_servers(args.algo, config.algorithm_options(args)))
     config.validate(args, world_size=args.workers + (args.servers or 0))
     for flag, given in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume),
                         ("--worker-timeout", args.worker_timeout), ("--device cuda", args.device == "cuda")):
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
-    plugin = registry.get(args.algo).plugin is not None  # a plugin runs over the simulated transports too
-    if not (args.algo in SUPPORTED or plugin) or (args.algo == "od-sgd" and args.od_exchange != "allreduce"):
-        raise config.ConfigError(f"--algo {args.algo}{' --od-exchange window' if args.algo == 'od-sgd' else ''} "
-                                 f"is not supported by the simulator; supported: {', '.join(SUPPORTED)} "
-                                 f"(od-sgd with --od-exchange allreduce)")
+    if not registry.strategy_class(args.algo).simulated(config.algorithm_options(args)):
+        raise config.ConfigError(f"--algo {args.algo} {config.given_flags(args) or '(its default options)'} cannot "
+                                 f"be simulated (its exchange runs on a thread of its own); the simulator runs: "
+                                 f"{', '.join(_simulated())}")
     if not args.compute_ms > 0:
         raise config.ConfigError(f"--compute-ms must be > 0 in the simulator (mean virtual compute per step), "
                                  f"got {args.compute_ms}")
@@ -130,6 +127,20 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             raise config.ConfigError(f"--replay {args.replay} is not a folder; give the folder a real run wrote "
                                      f"with HVD_ASYNC_WINDOW_TRACE=DIR (worker-R.jsonl files)")
     return args
+
+
+def _simulated() -> list:
+    """The algorithms the simulator runs with their defaults, and those it runs with some options."""
+    out = []
+    for name, cls in registry.strategies().items():
+        if cls.simulated({}):
+            out.append(name)
+        else:
+            other = [f"{how.flag} {v}" for field, how in options.declared(cls.Options) if how.choices
+                     for v in how.choices if v != field.default and cls.simulated({field.name: v})]
+            if other:
+                out.append(f"{name} with {' or '.join(other)}")
+    return out
 
 
 def factors(args) -> list:
