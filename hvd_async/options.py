@@ -145,3 +145,25 @@ def flag_message(options_cls, message: str) -> str:
         if name and (message.startswith(field.name + " ") or message.startswith(field.name + ":")):
             return name + message[len(field.name):]
     return message
+
+
+def markdown_table(options_cls) -> str:
+    """The options of one algorithm as a Markdown table (option, default, flag, meaning), for the guide."""
+    rows = ["| option | default | flag | meaning |", "|---|---|---|---|"]
+    for field in dataclasses.fields(options_cls):
+        how = field.metadata.get(_KEY)
+        default = "(required)" if field.default is dataclasses.MISSING else f"`{field.default!r}`"
+        if how is None:
+            rows.append(f"| `{field.name}` | {default} | | |")
+            continue
+        if how.from_job:
+            flag = f"`--{how.from_job.replace('_', '-')}` (the job's)"
+        elif how.flag and how.action == "store_false":
+            flag = f"`{how.flag}` (sets False)"
+        elif how.flag and how.action == "boolean":
+            flag = f"`{how.flag}`, `--no-{how.flag[2:]}`"
+        else:
+            flag = f"`{how.flag}`" if how.flag else ""
+        choices = f" ({', '.join(map(repr, how.choices))})" if how.choices else ""
+        rows.append(f"| `{field.name}` | {default} | {flag} | {how.help}{choices} |")
+    return "\n".join(rows)

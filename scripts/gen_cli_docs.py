@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Write docs/cli.md, the command-line reference, from the parsers themselves.
+"""Write docs/cli.md, the command-line reference, from the parsers themselves, and the option tables
+of docs/guide.md from the algorithms' option declarations.
 
-    python scripts/gen_cli_docs.py            # rewrite docs/cli.md
-    python scripts/gen_cli_docs.py --check    # exit 1 if docs/cli.md is out of date (the tests run this)
+    python scripts/gen_cli_docs.py            # rewrite docs/cli.md and the guide's tables
+    python scripts/gen_cli_docs.py --check    # exit 1 if either is out of date (the tests run this)
 
 Every command in ``hvd_async.cli.COMMANDS`` gets a section holding what ``hvd-async COMMAND --help``
 prints, so a new command or option appears here by rerunning this script, with no edit to it.
@@ -11,10 +12,13 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "cli.md")
+GUIDE = os.path.join(ROOT, "docs", "guide.md")
+BLOCK = re.compile(r"(<!-- options: (\S+) -->\n).*?(<!-- /options -->)", re.S)
 WIDTH = "100"  # argparse wraps help at $COLUMNS: fixed, so the output is the same everywhere
 
 
@@ -65,22 +69,37 @@ def render() -> str:
     return "\n".join(parts) + "\n"
 
 
+def render_guide() -> str:
+    """docs/guide.md with each ``<!-- options: NAME -->`` block holding NAME's generated option table."""
+    sys.path.insert(0, ROOT)
+    from hvd_async import options, registry
+
+    def table(match):
+        name = match.group(2)
+        cls = registry.strategy_class(name)
+        return f"{match.group(1)}{options.markdown_table(cls.Options)}\n{match.group(3)}"
+
+    return BLOCK.sub(table, open(GUIDE).read())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with docs/cli.md instead of writing it")
     args = parser.parse_args(argv)
-    text = render()
+    outputs = {OUT: render(), GUIDE: render_guide()}
     if args.check:
-        current = open(OUT).read() if os.path.exists(OUT) else ""
-        if current != text:
-            print("docs/cli.md is out of date: run python scripts/gen_cli_docs.py", file=sys.stderr)
+        stale = [os.path.relpath(path, ROOT) for path, text in outputs.items()
+                 if (open(path).read() if os.path.exists(path) else "") != text]
+        if stale:
+            print(f"{' and '.join(stale)} out of date: run python scripts/gen_cli_docs.py", file=sys.stderr)
             return 1
-        print("docs/cli.md is up to date")
+        print("docs/cli.md and the guide's option tables are up to date")
         return 0
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        f.write(text)
-    print(f"wrote {os.path.relpath(OUT, ROOT)}")
+    for path, text in outputs.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {os.path.relpath(path, ROOT)}")
     return 0
 
 

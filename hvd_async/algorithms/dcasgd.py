@@ -23,7 +23,8 @@ class DCASGDOptions:
     lam: float = option(2.0, LAM_HELP, flag="--lam")
     adaptive: bool = option(True, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
     ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
-    compression: Any = "none"  # 'fp16': gradients and weights cross the network in half precision
+    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
+                              "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):

@@ -72,7 +72,7 @@ class GossipOptions:
     topology: str = option("random", "how each worker picks its peer (random is seeded by --seed)",
                            flag="--gossip-topology", choices=TOPOLOGIES)
     seed: int = option(0, "seed of the random peers", from_job="seed")
-    progress_interval: float = 0.001
+    progress_interval: float = option(0.001, "seconds between the progress thread's calls into MPI")
 
     def __post_init__(self):
         if not is_int_at_least(self.every, 1):

@@ -23,13 +23,14 @@ class LCASGDOptions:
                              flag="--no-loss-term", action="store_false")
     predictor: str = option("linear", "the servers' per-worker loss predictor (a weighted log-linear fit, or "
                             "a tiny network trained online)", flag="--predictor", choices=tuple(PREDICTORS))
-    predictor_options: Optional[Dict] = None
-    floor: float = 0.0
+    predictor_options: Optional[Dict] = option(None, "the predictor's own options (window, decay, max_horizon, ...)")
+    floor: float = option(0.0, "the loss's lower bound")
     r_min: float = option(0.25, "smallest scale of a stale gradient (its scale r is clipped to "
                           "[r-min, r-max])", flag="--r-min")
     r_max: float = option(1.0, "largest scale of a stale gradient", flag="--r-max")
-    min_history: int = 4
-    compression: Any = "none"
+    min_history: int = option(4, "loss reports needed before r departs from 1")
+    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
+                              "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
 
     def __post_init__(self):

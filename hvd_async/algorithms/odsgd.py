@@ -69,7 +69,8 @@ class ODSGDOptions:
                                        flag="--local-lr")
     local_momentum: Optional[float] = option(None, "momentum of the local step (default: --momentum)",
                                              flag="--local-momentum")
-    local_optimizer: Optional[Callable] = None
+    local_optimizer: Optional[Callable] = option(None, "params -> optimizer for the local step (default: SGD "
+                                                 "with local_lr and local_momentum)")
     local_schedule: Any = option("follow", "the local step's rate follows the optimizer's schedule, or stays "
                                  "fixed at --local-lr", flag="--local-schedule", choices=("follow", "fixed"),
                                  type=str)

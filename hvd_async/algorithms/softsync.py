@@ -19,7 +19,8 @@ class SoftSyncOptions:
                               "(default: workers)", flag="--softsync-n", metavar="N")
     staleness_lr: bool = option(False, "divide each gradient's rate by its staleness (the paper's rule)",
                                 flag="--softsync-staleness-lr", action="store_true")
-    compression: Any = "none"
+    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
+                              "servers keep fp32 weights and arithmetic)")
     momentum: str = option("per-worker", "a momentum buffer per worker on the servers, as dc-asgd keeps "
                            "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
                            choices=("per-worker", "shared"))

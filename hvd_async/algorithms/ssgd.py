@@ -43,11 +43,11 @@ class SSGDOptions:
                                            flag="--backward-passes-per-step")
     compression: Any = option(None, "compress gradients to fp16 for the allreduce", flag="--fp16-allreduce",
                               action="store_true", convert=lambda on: "fp16")
-    op: Any = "average"
-    gradient_predivide_factor: float = 1.0
-    sparse_as_dense: bool = False
-    num_groups: int = 0  # Horovod's fusion groups: accepted; Horovod's fusion buffer batches anyway
-    groups: Any = None
+    op: Any = option("average", "Horovod's: 'average' (hvd.Average) or 'sum' (hvd.Sum); Adasum is refused")
+    gradient_predivide_factor: float = option(1.0, "Horovod's: gradients scaled by 1/f before the sum, f after")
+    sparse_as_dense: bool = option(False, "Horovod's: densify sparse gradients (else a sparse allreduce)")
+    num_groups: int = option(0, "Horovod's fusion groups: accepted (Horovod's fusion buffer batches anyway)")
+    groups: Any = option(None, "Horovod's explicit fusion groups: accepted, as num_groups")
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
