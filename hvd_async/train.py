@@ -3,17 +3,18 @@
 Runs as-is under ``mpirun``, ``horovodrun`` or ``hvd-async train`` (which launches it). Server
 ranks serve; workers train on their shard of the data, evaluate the model on the held-out split
 after each epoch, and the first worker prints the result, writes TensorBoard scalars (``--logdir``)
-and the metrics JSON (``--metrics-out``).
+and the metrics JSON (``--metrics-out``). This module is the worker's loop; the process around it
+(options, MPI and Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
 """
 import logging
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
 
 from .config import ConfigError
+from .job_process import Watchdog as _Watchdog, device as _device, say as _say
 
 logger = logging.getLogger(__name__)
 NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite streak every so many steps
@@ -21,13 +22,6 @@ NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite strea
 
 class TrainingStopped(RuntimeError):
     """Raised alike on every worker when the job must stop (e.g. a streak of non-finite gradients)."""
-
-
-def _say(msg: str) -> None:
-    """One line to stderr in one write: mpirun interleaves ranks' writes, and print() writes the text
-    and the newline apart (unbuffered), so two ranks' lines could come out joined."""
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
 
 
 class _Pacer:
@@ -45,46 +39,6 @@ class _Pacer:
             time.sleep(delay)
 
 
-class _Watchdog:
-    """``--worker-timeout``: ends the job (exit status 5) when this worker's loop has not moved for
-    ``2 x timeout + 5`` seconds, i.e. it sits in a collective that another worker never joins (the
-    rendezvous before each epoch end names such a worker first; this catches the collectives after
-    it). The workers still running then find out, through their own communicator, which did not."""
-
-    def __init__(self, timeout: float, comm, live):
-        import threading
-
-        self.timeout, self.limit = timeout, 2.0 * timeout + 5.0
-        self.comm, self.live = comm.Dup(), live
-        self.last = time.monotonic()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="hvd-async-watchdog", daemon=True)
-        self.thread.start()
-
-    def beat(self) -> None:
-        self.last = time.monotonic()
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-    def _run(self) -> None:
-        from mpi4py import MPI
-
-        from .jobstate import rendezvous
-
-        while not self.stopped.wait(0.5):
-            waited = time.monotonic() - self.last
-            if waited > self.limit:
-                missing = rendezvous(self.comm, self.timeout)
-                here = [r for r in range(self.comm.size) if r not in missing]
-                if self.comm.rank == min(here):
-                    gone = ", ".join(str(self.live[r]) for r in missing) or "none (?)"
-                    _say(f"hvd_async.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
-                         f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
-                         f"that cannot go on without them; stopping the job, exit status 5")
-                _abort_after(MPI.COMM_WORLD, 0.5 if self.comm.rank == min(here) else 3.0, 5)
-
-
 class _Counters:
     """One worker's running counts; a checkpoint holds them, so a resumed epoch reports as a whole one."""
 
@@ -96,31 +50,6 @@ class _Counters:
     def new_epoch(self) -> None:
         self.epoch_steps = self.epoch_samples = 0
         self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
-
-
-def _device_kind(name: str) -> str:
-    """``cpu`` or ``cuda`` for ``--device`` (``auto``: ``cuda`` where this process sees a GPU);
-    a ConfigError for ``cuda`` without one."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: this process sees no CUDA device (torch.cuda.is_available() is "
-                          "False); use --device cpu, or check the GPUs and CUDA_VISIBLE_DEVICES")
-    return name
-
-
-def _device(name: str, ha):
-    """``--device``: the CPU, or this worker's GPU (local rank modulo the GPUs visible); ``auto``:
-    the GPU where this process sees one."""
-    import torch
-
-    if _device_kind(name) == "cpu":
-        return torch.device("cpu")
-    index = ha.local_rank() % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 class _Job:
@@ -497,108 +426,10 @@ def train_worker(args) -> dict:
 
 
 def main(argv=None) -> int:
-    from . import config
+    """The job on this rank (see :mod:`hvd_async.job_process`): the exit status."""
+    from .job_process import main as run
 
-    try:
-        args = config.parse(argv, launcher=False)
-    except ConfigError as exc:
-        _say(f"hvd_async.train: error: {exc}")
-        return 2
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    try:
-        config.validate(args, world_size=world.size)
-    except ConfigError as exc:
-        if world.rank == 0:
-            _say(f"hvd_async.train: error: {exc}")
-        return 2
-    try:  # before anything is printed; on the workers (world ranks from --servers), which use the device
-        if world.rank >= args.servers:
-            _device_kind(args.device)
-    except ConfigError as exc:
-        if world.rank == args.servers:
-            _say(f"hvd_async.train: error: {exc}")
-        return 2
-
-    import hvd_async as ha
-    from .checkpoint import CheckpointError
-    from .data import DataError
-    from .jobstate import WorkerStalled
-    from .models import ModelError
-
-    if args.deterministic:  # before Horovod starts: a fused buffer's size (and so the reduction
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"  # algorithm MPI picks) depends on timing
-    if args.worker_timeout:  # Horovod names a rank missing from a collective, then gives up
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(args.worker_timeout))))
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(2 * args.worker_timeout))))
-    ha.init(servers=args.servers)
-    import torch
-
-    # every rank's share of its node's cores (collective; the servers' rules do tensor math too)
-    threads = world.allgather(ha.runtime.threads_per_rank())
-    torch.set_num_threads(threads[world.rank])
-    if world.rank == ha.num_servers():  # worker 0
-        _say(f"torch threads per rank (world ranks 0..{world.size - 1}, servers first): {' '.join(map(str, threads))}")
-    if ha.is_server():
-        report = ha.serve(worker_timeout=args.worker_timeout)
-        for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
-            hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
-            _say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
-                 f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
-                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
-                 f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
-        if report.dropped:
-            _say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
-                 f"which made no progress for {args.worker_timeout:g} s (--worker-timeout)")
-            _abort_after(world, 1.0 if world.rank == 0 else 30.0, 4)  # they never join MPI_Finalize
-        return 0
-    from .metrics import print_result
-
-    record = None
-    try:
-        record = train_worker(args)
-        if ha.rank() == 0:
-            print_result(args, record)
-    except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # raised alike on every worker
-        if ha.rank() == 0 or "is not a readable image" in str(exc):  # (that one: on the worker reading it)
-            _say(f"hvd_async.train: error: {exc}")
-        return 2
-    except TrainingStopped as exc:  # raised alike on every worker; a restart would not help
-        if ha.rank() == 0:
-            _say(f"hvd_async.train: error: {exc}")
-        return 3
-    except WorkerStalled as exc:  # raised on every worker still running; the stalled one never returns
-        if exc.printer:
-            _say(f"hvd_async.train: error: {exc}")
-        _abort_after(world, 0.5 if exc.printer else 5.0, 5)
-    except Exception as exc:  # one rank failed alone: take the job down rather than hang the others
-        if args.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
-            _say(f"hvd_async.train: error: worker {ha.rank()}: a collective waited more than "
-                 f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
-                 f"names the missing ranks): {str(exc).splitlines()[0]}")
-            _abort_after(world, 0.5, 5)
-        traceback.print_exc()
-        sys.stderr.flush()
-        world.Abort(1)
-    finally:
-        if not (record and record["dropped_workers"]):
-            ha.shutdown()
-    if record["dropped_workers"]:  # results are out; the dropped workers never finish
-        if ha.rank() == 0:
-            _say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "
-                 f"(--worker-timeout); exit status 4")
-        ha.shutdown()
-        _abort_after(world, 30.0, 4)  # the servers end the job once they have reported
-    return 0
-
-
-def _abort_after(world, seconds: float, code: int) -> None:
-    """End the whole job with ``code`` (MPI_Abort), after giving the others ``seconds`` to report."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(seconds)
-    world.Abort(code)
+    return run(argv)
 
 
 if __name__ == "__main__":

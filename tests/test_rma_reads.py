@@ -1,6 +1,6 @@
 """Reads of windows that other workers accumulate into (tests/mpi/rma_read_checks.py) under mpirun at
 3 and 4 ranks (1 server), shared memory on and off: asgd's pull/pull_async and gossip's get are plain
-``Get``s (see hvd_async/transport/window.py for why) and must never read a partial element; every
+``Get``s (see hvd_async/transport/window/__init__.py for why) and must never read a partial element; every
 value they read is a whole number of pushes of 1/3 (a value whose float32 sums change every bit of
 the mantissa), and the meta counters are read with accumulate-family calls. Across three hosts:
 tests/test_netns.py."""

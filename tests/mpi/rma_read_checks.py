@@ -5,7 +5,7 @@ tests/test_rma_reads.py (and tests/test_netns.py across hosts): ``SERVERS=S pyth
 MPI defines a read beside concurrent ``Accumulate``s only for accumulate-family reads
 (``Get_accumulate`` with ``NO_OP``), and then per element. The transports read the weights with plain
 ``Get`` all the same (an accumulate-family read halves push+pull's bandwidth: see
-hvd_async/transport/window.py), so these checks are the evidence that no read sees a partial element:
+hvd_async/transport/window/__init__.py), so these checks are the evidence that no read sees a partial element:
 workers add vectors of ones while worker 0 reads the whole window again and again through the
 transport's own read (``WindowTransport.pull``/``pull_async``/``read_stats``, ``PeerWindowTransport.get``),
 and every read must hold, element by element, a whole number of pushes: an integer in ``[0, pushes]``,

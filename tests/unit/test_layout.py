@@ -9,7 +9,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "hvd_async")
 LIMIT = 450
-OVER_THE_LIMIT = {"train.py", "transport/window.py"}  # to be split; remove a name once it is under
+OVER_THE_LIMIT = set()  # modules still to split; the list may only shrink
 
 
 def _modules():

@@ -1,0 +1,68 @@
+"""MPI one-sided windows on the parameter-server ranks: the transport of the parameter-server family.
+
+The model's parameters are one flat fp32 buffer of ``numel`` elements, cut into ``S`` contiguous
+shards (the first ``numel % S`` shards one element longer), shard ``k`` held by server rank ``k``.
+Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every window has one owner):
+
+- ``weights``: the shard of the global weights;
+- ``meta`` (int64): ``[version, pushes, server busy microseconds, staleness histogram (HIST_BINS
+  bins, the last one counts everything at or beyond it), two float64 sums over the applied pushes
+  (squared norm of the compensation the server added to each gradient, and of the gradients: dc-asgd
+  and lc-asgd), a shared cursor, one value per worker]`` (cursor and values are used on shard 0
+  only: dbs-asgd's batch cursor and speed table; od-sgd's shards keep ``META_WRITING`` in the
+  cursor's place, see below);
+- mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
+  gradient into its inbox slot, flushes, and sends the server a small header message; the server
+  applies its rule, writes the weights it wants the worker to continue from into the worker's
+  outbox slot (dc-asgd keeps them there as that worker's backup ``w_bak(m)``) and answers with
+  ``[version, staleness, pushes, status]``; the worker then gets its outbox slot.
+
+Two modes:
+
+- ``accumulate`` (asgd): a push is ``Accumulate(SUM)`` of a delta straight into ``weights`` (MPI makes
+  concurrent accumulates to one element atomic, so no update is lost) and, in the same round trip,
+  ``Fetch_and_op`` on the shard's version counter, whose old value, less the version read at the
+  last pull, is the push's staleness; the worker adds its staleness counts into the shard's
+  histogram every ``HIST_EVERY`` pushes and at ``read_stats``/``close``. The server does nothing
+  but keep MPI progressing.
+- ``mailbox`` (dc-asgd, softsync): the server runs the algorithm's rule (see ``ShardHost``).
+
+Workers hold a shared passive-target lock on every window for the transport's whole life
+(``Lock_all``) and complete operations with ``Flush``; the server holds one on its own windows and
+touches their memory directly between ``Win.Sync`` calls. Headers and answers are two-sided
+messages on the transport's own communicator: the data never leaves the windows, and a worker
+waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network.
+
+Reads of the weights are plain ``Get``/``Rget``, also in accumulate mode where other workers may be
+adding into the same elements meanwhile. MPI leaves such a read undefined (only accumulate-family
+reads, ``Get_accumulate`` with ``NO_OP``, are element-atomic beside accumulates), but on the
+platforms we run (Open MPI's ``osc/sm`` and ``osc/rdma`` over TCP, x86-64, aligned 4-byte floats) a
+read never sees a partial element: ``tests/mpi/rma_read_checks.py`` reads while workers push, over
+shared memory, TCP and three netns hosts, and checks every element of every read. A NO_OP
+``Get_accumulate`` in its place makes a push+pull round 1.17-1.59 times as long over shared memory
+from 1 MB up, and 1.4-2.0 times over TCP up to 1 MB (``benchmarks/results/rma_atomic_reads_*.json``),
+so the hot path does without it. A pull may see
+some elements of a concurrent push and not others, as asgd's analysis allows. The small meta
+counters are read with accumulate-family calls (``read_stats``, ``read_values``: ``Fetch_and_op``,
+``Get_accumulate``; ``publish_value`` writes with ``Accumulate(REPLACE)``). In mailbox mode no worker
+adds into the weights or the outbox: a worker's outbox slot is written by its server only while
+serving that worker's own request, never while the worker reads it.
+
+A mailbox program that rewrites the weights window in place while workers may read it (od-sgd's
+global step, which its workers read from the weights window after the answer, and which with
+``--worker-timeout`` the server may apply again before a set-aside worker has finished reading)
+brackets each write with :meth:`ShardHost.writing_weights`: ``META_WRITING`` holds the version
+being written while the weights change and the current version otherwise. ``pull(guarded=True)``
+reads the weights, then ``META_WRITING``: if it is no longer the version this worker was answered,
+a write overlapped the read, and the worker asks its server for a copy (``KIND_PULL``, into its
+outbox slot) instead.
+
+Across hosts a passive-target operation completes only when the target calls into MPI: the server
+loop (:mod:`hvd_async.server`) keeps calling in between its work. Windows across hosts need a
+one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--mca osc ucx``;
+opening fails with a message that says so when the default one cannot create the window.
+"""
+from .client import WindowTransport  # noqa: F401
+from .host import ShardHost  # noqa: F401
+from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LR, W.KIND_PUSH, ...)
+from .layout import _pushes  # noqa: F401  (the simulator's shard host counts as the real one does)

@@ -1,0 +1,432 @@
+"""The worker side of the windows: :class:`WindowTransport` pulls the global weights, pushes
+deltas (accumulate mode) or gradients (mailbox mode), and reads versions (see
+:mod:`hvd_async.transport.window` for the protocol)."""
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..base import Transport
+from .counters import MetaAccess
+from .layout import (HIST_BINS, HIST_EVERY, H_KIND, H_LEN, H_VERSION, KIND_PULL, KIND_PUSH, META_HIST,
+                     META_VERSION, META_WRITING, MODES, R_LEN, R_VERSION, TAG_ANSWER, TAG_CLOSE, TAG_OPEN,
+                     TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Pending, WindowSpec, _Windows, shard_bounds)
+
+
+class WindowTransport(MetaAccess, Transport):
+    """The worker side: pull the global weights, push deltas or gradients, read versions.
+
+    Opening is collective over the whole job (every worker constructs it, every server serves);
+    ``close()`` is too. Built by the parameter-server strategies; tests build it directly.
+
+    Args:
+        numel: elements of the flat fp32 parameter buffer.
+        algorithm: registry name (the servers pick their rule by it).
+        mode: ``"accumulate"`` or ``"mailbox"`` (see the module docstring).
+        options: the server rule's options (plain values, pickled to the servers).
+    """
+
+    def __init__(self, numel: int, *, algorithm: str, mode: str, options: Optional[Dict] = None,
+                 wire: str = "fp32"):
+        super().__init__()
+        from mpi4py import MPI
+
+        from ... import runtime
+
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
+            raise ValueError(f"numel must be a positive integer, got {numel!r}")
+        if wire not in ("fp32", "fp16") or (wire == "fp16" and mode != "mailbox"):
+            raise ValueError(f"wire must be 'fp32' (or 'fp16' in mailbox mode), got {wire!r} in {mode} mode")
+        rt = runtime._worker_runtime("WindowTransport")
+        if rt.servers < 1:
+            raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
+                               f"this job has none: call hvd_async.init(servers=1) (or more) and "
+                               f"launch at least one extra process for each server")
+        self._MPI = MPI
+        self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.world.size - rt.servers,
+                               dict(options or {}), wire)
+        # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
+        # arrive in the other (the servers keep fp32)
+        self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
+        self.bounds = shard_bounds(self.spec.numel, rt.servers)
+        self._workers_comm = rt.group
+        self._rank = rt.group.rank
+        if self._rank == 0:
+            for server in range(rt.servers):
+                rt.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
+        self.comm = rt.win_comm.Dup()
+        self._win = _Windows(self.comm, self.spec, None)
+        self._win.lock_all()
+        self._versions = np.zeros(rt.servers, dtype=np.int64)   # version each shard had at the last pull
+        self.latest_versions = np.zeros(rt.servers, dtype=np.int64)  # newest version seen per shard
+        self._one = np.ones(1, dtype=np.int64)
+        self._fetched = np.zeros(rt.servers, dtype=np.int64)
+        self._hist_due = np.zeros((rt.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
+        self._hist_pushes = 0
+        self._answers = np.zeros((rt.servers, R_LEN), dtype=np.float64)
+        self._headers = np.zeros((rt.servers, H_LEN), dtype=np.float64)
+        self._pending: Optional[Pending] = None
+        self._slice_cache: Dict = {}
+        self._one_t = [self._one, MPI.INT64_T]
+        # NO_OP reads ignore their origin buffer, but mpi4py wants one: empty, of the window's type
+        self._no_int64 = [np.empty(0, dtype=np.int64), MPI.INT64_T]
+        self.overlapped_reads = 0  # guarded pulls a server write overlapped (then read from a snapshot)
+        self._writing = np.zeros(rt.servers, dtype=np.int64)
+        self._writing_bufs = [[self._writing[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self._read = np.zeros(rt.servers, dtype=np.int64)  # versions read by pull()
+        self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self.dropped: List[int] = []  # workers the others went on without (drop_workers)
+        from ...sim.trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
+
+        self._trace = Tracer.from_env(self._rank, algorithm, mode)
+        runtime._register_transport(self)
+
+    # --- who we are ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self.spec.workers
+
+    @property
+    def servers(self) -> int:
+        return self.spec.servers
+
+    @property
+    def versions(self) -> np.ndarray:
+        """Per shard, the version of the weights this worker last received."""
+        return self._versions.copy()
+
+    def allgather_object(self, obj) -> List[Any]:
+        self._check_open()
+        return self._workers_comm.allgather(obj)
+
+    def barrier(self) -> None:
+        """Wait for every worker (the servers are not involved)."""
+        self._check_open()
+        self._workers_comm.Barrier()
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _slices(self, flat: torch.Tensor):
+        """``[(shard, [numpy view, MPI.FLOAT], target), ...]`` over the non-empty shards (cached per buffer)."""
+        key = (flat.data_ptr(), flat.numel(), flat.dtype, flat.device.type)
+        cached = self._slice_cache.get(key)
+        if cached is not None:
+            return cached
+        if flat.dtype not in (torch.float32, torch.float16) or flat.device.type != "cpu" \
+                or not flat.is_contiguous() or flat.numel() != self.spec.numel:
+            raise ValueError(f"expected a contiguous CPU float32 tensor of {self.spec.numel} elements, "
+                             f"got {flat.dtype} {tuple(flat.shape)} on {flat.device}")
+        if flat.dtype == torch.float16:  # moved as 2-byte words: no arithmetic happens on them
+            array, F = flat.numpy().view(np.uint16), self._MPI.UINT16_T
+        else:
+            array, F = flat.numpy(), self._MPI.FLOAT
+        slices = [(k, [array[start:stop], F], (0, stop - start, F))
+                  for k, (start, stop) in enumerate(self.bounds) if stop > start]
+        if len(self._slice_cache) >= 4:  # strategies use 2 or 3 fixed buffers; temporaries churn
+            self._slice_cache.clear()
+        self._slice_cache[key] = slices
+        return slices
+
+    def _weight_slices(self, flat: torch.Tensor):
+        """``_slices`` of a buffer that moves to or from the (fp32) weights window."""
+        if flat.dtype != torch.float32:
+            raise ValueError(f"the weights window holds float32: expected a float32 tensor, got {flat.dtype}")
+        return self._slices(flat)
+
+    def _check_idle(self) -> None:
+        self._check_open()
+        if self._pending is not None and not self._pending.done:
+            raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
+
+    # --- weights ------------------------------------------------------------------------------
+    def publish_(self, flat: torch.Tensor) -> None:
+        """Collective over the workers: worker 0's ``flat`` becomes the global weights, and every
+        worker's ``flat`` is overwritten with them (as ``hvd.broadcast_parameters``)."""
+        self._check_idle()
+        if self._rank == 0:
+            for k, part, target in self._weight_slices(flat):
+                self._win.weights.Put(part, k, target=target)
+                self._win.weights.Flush(k)
+        self._workers_comm.Barrier()
+        self.pull(flat)
+        self._workers_comm.Barrier()  # nobody pushes before everyone has the initial weights
+
+    def pull_async(self, flat: torch.Tensor) -> Pending:
+        """Start reading the global weights into ``flat`` (``Rget`` from every shard)."""
+        self._check_idle()
+        MPI = self._MPI
+        versions = np.zeros(self.servers, dtype=np.int64)
+        # The version is read alongside the data (one flush for both): a push landing meanwhile may
+        # be in the weights but not in the version, which counts it as stale: an over-estimate.
+        for k in range(self.servers):
+            self._win.meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k,
+                                        META_VERSION, op=MPI.NO_OP)
+        requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._weight_slices(flat)]
+
+        def finish(keep=flat):
+            MPI.Request.Waitall(requests)
+            self._win.meta.Flush_all()
+            self._versions[:] = versions
+            np.maximum(self.latest_versions, versions, out=self.latest_versions)
+            if self._trace is not None:
+                self._trace.pull(versions, flat, False)
+            return versions
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def pull(self, flat: torch.Tensor, *, after_push: bool = False, guarded: bool = False) -> np.ndarray:
+        """Read the global weights into ``flat``; returns each shard's version at the read.
+
+        The blocking twin of ``pull_async`` (the same operations, without request objects). With
+        ``after_push`` (right after this worker's ``accumulate``) the versions that push returned
+        stand for the read, saving a round trip: pushes landing in between then count as stale.
+
+        ``guarded`` (mailbox mode, right after an answer, against servers that rewrite the weights
+        in place: see the module docstring): the read is checked against ``META_WRITING``; when a
+        server's write overlapped it, the weights come from a snapshot (``KIND_PULL``) instead, and
+        ``overlapped_reads`` counts it. Returns the versions of what ``flat`` then holds."""
+        if guarded:
+            return self._pull_guarded(flat)
+        self._check_idle()
+        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
+        if after_push:
+            self._read[:] = self.latest_versions
+        else:
+            for k, buf in enumerate(self._read_bufs):
+                meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
+        for k, part, target in self._weight_slices(flat):
+            weights.Get(part, k, target=target)
+        weights.Flush_all()
+        if not after_push:
+            meta.Flush_all()
+        self._versions[:] = self._read
+        np.maximum(self.latest_versions, self._read, out=self.latest_versions)
+        if self._trace is not None:
+            self._trace.pull(self._read, flat, after_push)
+        return self._read.copy()
+
+    def _pull_guarded(self, flat: torch.Tensor) -> np.ndarray:
+        """``pull(guarded=True)``: the weights window, unless a server write overlapped the read."""
+        self._check_idle()
+        if self.spec.mode != "mailbox":
+            raise RuntimeError("pull(guarded=True) is for mailbox transports (their servers write the weights)")
+        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
+        answered = self._versions.copy()  # complete: a server answers only once its write is done
+        for k, part, target in self._weight_slices(flat):
+            weights.Get(part, k, target=target)
+        weights.Flush_all()  # the data is here before the marks are read
+        for k, buf in enumerate(self._writing_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_WRITING, op=no_op)
+        meta.Flush_all()
+        if np.array_equal(self._writing, answered):  # no write began before the read ended
+            read = answered
+        else:  # a write overlapped (or may have: a server marks before it knows it will write)
+            self.overlapped_reads += 1
+            self.request_async(KIND_PULL, out=flat).wait()  # sets self._versions
+            read = self._versions.copy()
+        self._versions[:] = read
+        np.maximum(self.latest_versions, read, out=self.latest_versions)
+        if self._trace is not None:
+            self._trace.pull(read, flat, False)
+        return read.copy()
+
+    def accumulate_async(self, delta: torch.Tensor) -> Pending:
+        """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
+        shard's staleness for this push (updates applied since this worker's last pull)."""
+        self._check_idle()
+        if self.spec.mode != "accumulate":
+            raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
+                               f"uses its server's mailbox: use push()")
+        MPI = self._MPI
+        requests = [self._win.weights.Raccumulate(part, k, target=target, op=MPI.SUM)
+                    for k, part, target in self._weight_slices(delta)]
+
+        def finish(keep=delta):  # ``delta`` must outlive the requests reading it
+            MPI.Request.Waitall(requests)
+            return self._count_push()
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def _count_push(self) -> np.ndarray:
+        """After a delta was accumulated: make it land, bump the versions, return the staleness."""
+        # One round trip: the version bump travels with the delta (MPI does not order operations on
+        # two windows before the flush, so a concurrent pull may see the bump before the delta and
+        # count at most the pushes in flight as one fewer of staleness).
+        meta, add = self._win.meta, self._MPI.SUM
+        for k, buf in enumerate(self._fetch_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
+        self._win.weights.Flush_all()
+        meta.Flush_all()
+        staleness = np.maximum(0, self._fetched - self._versions)
+        self.latest_versions[:] = self._fetched + 1
+        self._hist_due[np.arange(self.servers), np.minimum(staleness, HIST_BINS - 1)] += 1
+        self._hist_pushes += 1
+        if self._hist_pushes >= HIST_EVERY:
+            self._send_hist()
+        if self._trace is not None:
+            self._trace.push(self._fetched, staleness)
+        return staleness
+
+    def _send_hist(self) -> None:
+        """Add this worker's uncounted staleness counts into each shard's histogram on its server
+        (one ``Accumulate`` of the whole histogram per shard; completed by the caller's flush)."""
+        if self._hist_pushes:
+            for k in range(self.servers):
+                self._win.meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
+                                          target=(META_HIST, HIST_BINS, self._MPI.INT64_T), op=self._MPI.SUM)
+            self._win.meta.Flush_all()  # the buffer is reused right after
+            self._hist_due[:] = 0
+            self._hist_pushes = 0
+
+    def accumulate(self, delta: torch.Tensor) -> np.ndarray:
+        """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""
+        self._check_idle()
+        if self.spec.mode != "accumulate":
+            raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
+                               f"uses its server's mailbox: use push()")
+        SUM, weights = self._MPI.SUM, self._win.weights
+        for k, part, target in self._weight_slices(delta):
+            weights.Accumulate(part, k, target=target, op=SUM)
+        return self._count_push()
+
+    # --- mailbox ------------------------------------------------------------------------------
+    def request_async(self, kind: int, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                      header: Optional[Dict[int, float]] = None) -> Pending:
+        """Send a mailbox request to every shard's server (mailbox mode).
+
+        ``KIND_PUSH`` puts ``grad`` into this worker's inbox slots first; ``KIND_PUSH`` and
+        ``KIND_PULL`` are answered, and ``wait()`` then gets the weights the server left in this
+        worker's outbox slots into ``out`` (unless ``out`` is None) and returns the answers (one
+        row per shard, columns ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts pushing for a while,
+        so softsync need not wait for it) are not answered.
+        """
+        self._check_idle()
+        if self.spec.mode != "mailbox":
+            raise RuntimeError(f"{self.spec.algorithm!r} adds deltas into the weights directly: use accumulate()")
+        MPI = self._MPI
+        answered = kind in (KIND_PUSH, KIND_PULL)
+        if kind == KIND_PUSH:
+            if self._wire is not None:
+                grad = self._wire[0].copy_(grad)
+            for k, part, (_, count, F) in self._slices(grad):
+                self._win.inbox.Put(part, k, target=(self._rank * count, count, F))
+            self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
+        final_out = out
+        if self._wire is not None and out is not None:
+            out = self._wire[1]
+        out_parts = self._slices(out) if answered and out is not None else []
+        requests = []
+        for k in range(self.servers):
+            self._headers[k] = 0.0
+            self._headers[k, H_KIND] = kind
+            self._headers[k, H_VERSION] = self._versions[k]
+            for key, value in (header or {}).items():
+                self._headers[k, key] = value
+            if answered:
+                requests.append(self.comm.Irecv(self._answers[k], source=k, tag=TAG_ANSWER))
+            self.comm.Send(self._headers[k], dest=k, tag=TAG_REQUEST)
+
+        def finish():
+            if not answered:
+                return None
+            MPI.Request.Waitall(requests)
+            # (a plain Rget: the server wrote this slot before answering, and writes it again only
+            # while serving this worker's next request; nobody accumulates into it)
+            gets = [self._win.outbox.Rget(part, k, target=(self._rank * count, count, F))
+                    for k, part, (_, count, F) in out_parts]
+            MPI.Request.Waitall(gets)
+            if final_out is not out:
+                final_out.copy_(out)
+            self._versions[:] = self._answers[:, R_VERSION].astype(np.int64)
+            return self._answers.copy()
+
+        self._pending = Pending(finish)
+        return self._pending
+
+    def push(self, grad: torch.Tensor, out: torch.Tensor, header: Dict[int, float]) -> np.ndarray:
+        """Push ``grad`` (mailbox mode), wait for the server's answer, get the new weights into ``out``."""
+        return self.request_async(KIND_PUSH, grad=grad, out=out, header=header).wait()
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def server_state(self) -> List[Dict[str, Any]]:
+        """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
+        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``."""
+        self._check_idle()
+        self._send_hist()
+        for k in range(self.servers):
+            self.comm.send(("get", None), dest=k, tag=TAG_STATE)
+        return self._state_replies()
+
+    def _state_replies(self) -> List[Any]:
+        replies = [self.comm.recv(source=k, tag=TAG_STATE_REPLY) for k in range(self.servers)]
+        for status, value in replies:
+            if status != "ok":
+                raise RuntimeError(value)
+        return [value for _, value in replies]
+
+    def load_server_state(self, states: Sequence[Dict[str, Any]]) -> None:
+        """Put back what ``server_state`` returned (same number of servers, shard sizes and workers)."""
+        self._check_idle()
+        if not isinstance(states, (list, tuple)) or len(states) != self.servers:
+            got = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
+            raise ValueError(f"the saved server state has {got} shard(s), this job has {self.servers} "
+                             f"server(s); resume with --servers {got if isinstance(got, int) else '?'}")
+        for k, state in enumerate(states):
+            self.comm.send(("set", state), dest=k, tag=TAG_STATE)
+        try:
+            self._state_replies()
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
+
+    def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
+        """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
+        the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
+        one worker, ``tell_servers``), and ``close()`` will not join the windows' collective free,
+        which the dropped workers would never join (the job then ends with MPI_Abort)."""
+        self._check_idle()
+        self._workers_comm = comm
+        self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
+        if tell_servers:
+            for k in range(self.servers):
+                self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
+            self._state_replies()
+
+    def local_state(self) -> Dict[str, Any]:
+        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
+        return {"versions": self._versions.tolist(), "latest_versions": self.latest_versions.tolist(),
+                "hist_due": self._hist_due.tolist(), "hist_pushes": self._hist_pushes}
+
+    def load_local_state(self, state: Dict[str, Any]) -> None:
+        self._versions[:] = state["versions"]
+        self.latest_versions[:] = state["latest_versions"]
+        self._hist_due[:] = np.asarray(state["hist_due"], dtype=np.int64)
+        self._hist_pushes = int(state["hist_pushes"])
+
+    def close(self) -> None:
+        """Collective over the job: waits for this worker's exchange in flight, then frees the windows
+        once every worker has closed (the servers keep serving the others meanwhile)."""
+        if self._closed:
+            return
+        from ... import runtime
+
+        if self._pending is not None:
+            self._pending.wait()
+        self._send_hist()
+        self._win.meta.Flush_all()
+        self._closed = True
+        if self._trace is not None:
+            self._trace.close()
+        for k in range(self.servers):
+            self.comm.send(None, dest=k, tag=TAG_CLOSE)
+        if not self.dropped:  # (a dropped worker would never join the free)
+            self._win.free()
+            self.comm.Free()
+        runtime._unregister_transport(self)

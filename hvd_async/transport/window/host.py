@@ -1,0 +1,237 @@
+"""The server side of the windows: :class:`ShardHost` owns one shard's windows on its server rank,
+takes the workers' requests to the algorithm's server program and keeps the shard's counters (see
+:mod:`hvd_async.transport.window` for the protocol; the loop that polls it is :mod:`hvd_async.server`)."""
+import logging
+import time
+from contextlib import contextmanager
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COMP_SQ, META_CURSOR, META_HIST, META_PUSHES,
+                     META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
+                     TAG_STATE_REPLY, ShardStats, WindowSpec, _pushes, _window_array, _Windows)
+
+logger = logging.getLogger("hvd_async.transport.window")
+
+
+class _Widened:
+    """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic."""
+
+    def __init__(self, slots):
+        self.slots = slots
+
+    def __getitem__(self, worker: int) -> torch.Tensor:
+        return self.slots[worker].float()
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class ShardHost:
+    """The server side of one transport on one server rank: owns shard ``shard``'s windows.
+
+    ``program`` (built by the algorithm's strategy class: ``server_program`` in
+    ``hvd_async.algorithms.asgd``, ``dcasgd``, ...) gets each request through
+    ``on_request(worker, header)``; ``poll()`` is called by the server loop.
+    """
+
+    def __init__(self, comm, spec: WindowSpec, shard: int, make_program):
+        self.spec, self.shard, self.comm = spec, shard, comm
+        self.numel = spec.shard_len(shard)
+        self._win = _Windows(comm, spec, shard)
+        self._win.lock_all()
+        self.meta = _window_array(self._win.meta, spec.meta_len, np.int64)
+        self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
+        n, w = self.numel, spec.workers
+        if spec.mode == "mailbox":
+            inbox = torch.from_numpy(_window_array(self._win.inbox, n * w, spec.wire_dtype))
+            outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, spec.wire_dtype))
+            self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
+            self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+            if spec.wire == "fp16":  # the programs compute in fp32: each gradient read widened
+                self.inbox = _Widened(self.inbox)
+        self._start_bookkeeping()
+        self.program = make_program(self)
+
+    def _start_bookkeeping(self) -> None:
+        """The host's counters and worker tracking (also the simulator's shard host's)."""
+        self.skipped_nonfinite = 0
+        self._seen_version = 0
+        self.closed: set = set()
+        self.dropped: set = set()  # workers gone without closing (--worker-timeout): no collective free
+        self.worker_timeout: Optional[float] = None  # set by the server loop (--worker-timeout)
+        self._last_heard = [time.monotonic()] * self.spec.workers
+        self._set_aside: set = set()  # workers the watchdog stopped waiting for
+        self._header = np.zeros(H_LEN, dtype=np.float64)
+        self._answer = np.zeros(R_LEN, dtype=np.float64)
+
+    # The window memory is read and written here directly, under this rank's own lock on it.
+    def sync(self) -> None:
+        for win in self._win.all():
+            win.Sync()
+
+    @property
+    def version(self) -> int:
+        return int(self.meta[META_VERSION])
+
+    @contextmanager
+    def writing_weights(self):
+        """Around code that may rewrite the weights window in place while workers read it
+        (``pull(guarded=True)``): ``META_WRITING`` holds the next version meanwhile, then the
+        current one (see the module docstring). Bump the version inside, before answering."""
+        meta = self.meta
+        meta[META_WRITING] = meta[META_VERSION] + 1
+        self.sync()  # (a memory barrier too) the mark is visible before any weight changes
+        try:
+            yield
+        finally:
+            self.sync()
+            meta[META_WRITING] = meta[META_VERSION]
+            self.sync()
+
+    def reset_writing_mark(self) -> None:
+        """No write in progress (after the meta counters were set wholesale, e.g. from a checkpoint)."""
+        self.meta[META_WRITING] = self.meta[META_VERSION]
+
+    def bump(self, staleness: Sequence[int], pushes: int = 1) -> None:
+        """Record one applied update made of pushes with these staleness values."""
+        self.meta[META_VERSION] += 1
+        self.meta[META_PUSHES] += pushes
+        for s in staleness:
+            self.meta[META_HIST + min(int(s), HIST_BINS - 1)] += 1
+
+    def add_compensation(self, compensation_sq: float, grad_sq: float) -> None:
+        """Add one push's squared norms (this shard's part) of the compensation and of the gradient."""
+        self.meta[META_COMP_SQ:META_CURSOR].view(np.float64)[:] += (compensation_sq, grad_sq)
+
+    def answer(self, worker: int, staleness: int, status: int) -> None:
+        """Tell ``worker`` its outbox slot holds the weights of the current version."""
+        self.sync()
+        self._answer[:] = (self.version, staleness, self.meta[META_PUSHES], status)
+        self.comm.Send(self._answer, dest=self.spec.servers + worker, tag=TAG_ANSWER)
+
+    def moved(self) -> bool:
+        """Whether the shard's version changed since the last call (one-sided pushes are otherwise
+        invisible to the server loop)."""
+        version = int(self.meta[META_VERSION])
+        moved, self._seen_version = version != self._seen_version, version
+        return moved
+
+    @property
+    def all_closed(self) -> bool:
+        return len(self.closed) == self.spec.workers
+
+    def poll(self, budget: int = 64) -> int:
+        """Handle up to ``budget`` waiting messages; returns how many there were."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        handled = 0
+        for handled in range(budget):
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                break
+            source, tag = status.Get_source(), status.Get_tag()
+            worker = source - self.spec.servers
+            if tag == TAG_CLOSE:
+                self.comm.recv(source=source, tag=TAG_CLOSE)
+                self.closed.add(worker)
+                if worker not in self.dropped:
+                    self.program.on_leave(worker)
+            elif tag == TAG_STATE:
+                what, state = self.comm.recv(source=source, tag=TAG_STATE)
+                self.sync()
+                try:
+                    if what == "drop":
+                        reply = self._drop(state)
+                    else:
+                        reply = ("ok", self.state_dict()) if what == "get" else self._load_checked(state)
+                except Exception as exc:  # tell the worker; the server goes on serving
+                    reply = ("error", f"server {self.shard}: {exc}")
+                self.sync()
+                self.comm.send(reply, dest=source, tag=TAG_STATE_REPLY)
+            elif tag == TAG_REQUEST:
+                self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
+                self._last_heard[worker] = time.monotonic()
+                self._set_aside.discard(worker)
+                start = time.perf_counter()
+                self.sync()
+                self.program.on_request(worker, self._header.copy())
+                self.meta[META_BUSY_US] += int(1e6 * (time.perf_counter() - start))
+            else:
+                raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
+        else:
+            handled = budget
+        if self.worker_timeout is not None and getattr(self.program, "pending", None):
+            self._watch()
+        return handled
+
+    def _watch(self) -> None:
+        """Gradients wait for the aggregate (softsync, od-sgd): stop waiting for a worker that has sent
+        nothing for ``worker_timeout`` seconds (it is waited for again from its next push)."""
+        now = time.monotonic()
+        for worker in sorted(getattr(self.program, "active", ())):
+            if worker not in self._set_aside and now - self._last_heard[worker] > self.worker_timeout:
+                logger.warning("server %d: worker %d sent nothing for %.0f s (--worker-timeout); the "
+                               "update goes on without it", self.shard, worker, now - self._last_heard[worker])
+                self._set_aside.add(worker)
+                self.program.on_leave(worker)
+
+    def _drop(self, workers) -> Tuple[str, None]:
+        """The workers stopped making progress: count them as closed, never wait for them again."""
+        for worker in workers:
+            if worker not in self.dropped:
+                logger.warning("server %d: worker %d stopped making progress (--worker-timeout); going on "
+                               "without it", self.shard, worker)
+                self.dropped.add(worker)
+                self.closed.add(worker)
+                self.program.on_leave(worker)
+        return ("ok", None)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The shard as it stands: weights, meta counters, outbox slots and the program's state."""
+        state = {"algorithm": self.spec.algorithm, "shard": self.shard, "workers": self.spec.workers,
+                 "weights": self.weights.clone(), "meta": torch.from_numpy(self.meta.copy()),
+                 "skipped_nonfinite": self.skipped_nonfinite}
+        if self.spec.mode == "mailbox":
+            state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
+        program_state = getattr(self.program, "state_dict", None)
+        state["program"] = program_state() if program_state is not None else {}
+        return state
+
+    def _load_checked(self, state: Dict[str, Any]) -> Optional[str]:
+        """Load ``state``; returns ("ok", None), or ("error", why it does not fit this shard)."""
+        for key, want in (("algorithm", self.spec.algorithm), ("shard", self.shard),
+                          ("workers", self.spec.workers)):
+            if state.get(key) != want:
+                return ("error", f"server state for {key}={state.get(key)!r} cannot be loaded into "
+                        f"{key}={want!r} (shard {self.shard}); resume with the checkpoint's algorithm, "
+                        f"servers and workers")
+        if state["weights"].numel() != self.numel:
+            return ("error", f"server shard {self.shard} holds {self.numel} parameters, the saved one "
+                    f"{state['weights'].numel()}: the checkpoint is from another model or server count")
+        self.weights.copy_(state["weights"])
+        self.meta[:] = state["meta"].numpy()
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self._seen_version = self.version
+        if self.spec.mode == "mailbox":
+            for slot, saved in zip(self.outbox, state["outbox"]):
+                slot.copy_(saved)
+        load = getattr(self.program, "load_state_dict", None)
+        if load is not None:
+            load(state["program"])
+        return ("ok", None)
+
+    def close(self) -> ShardStats:
+        """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
+        self.sync()
+        stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
+                           _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
+                           self.meta[META_HIST:META_COMP_SQ].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
+        while stats.staleness_hist and stats.staleness_hist[-1] == 0:
+            stats.staleness_hist.pop()
+        if not self.dropped:
+            self._win.free()
+            self.comm.Free()
+        return stats

@@ -1,0 +1,173 @@
+"""The windows' layout and wire format, shared by the worker side (:mod:`.client`) and the server
+side (:mod:`.host`): the meta slots, the request header and answer, the tags, the shard bounds, the
+specification worker 0 sends the servers, and the window allocation (see :mod:`hvd_async.transport.window`)."""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = [  # what hvd_async.transport.window re-exports
+    "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "META_COMP_SQ", "META_GRAD_SQ",
+    "META_CURSOR", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_VERSION", "H_LR", "H_MOMENTUM",
+    "H_WEIGHT_DECAY", "H_LOSS", "H_WEIGHT", "H_NESTEROV", "H_LEN", "KIND_PUSH", "KIND_PULL", "KIND_IDLE",
+    "KIND_RESUME", "R_VERSION", "R_STALENESS", "R_PUSHES", "R_STATUS", "R_LEN", "STATUS_APPLIED",
+    "STATUS_SKIPPED", "STATUS_SNAPSHOT", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE",
+    "TAG_STATE_REPLY", "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats",
+    "Pending",
+]
+
+HIST_BINS = 64
+META_VERSION, META_PUSHES, META_BUSY_US, META_HIST = 0, 1, 2, 3
+META_COMP_SQ = META_HIST + HIST_BINS  # float64 bits: sum of ||compensated step - g||^2 over pushes
+META_GRAD_SQ = META_COMP_SQ + 1        # float64 bits: sum of ||g||^2 over the same pushes
+META_CURSOR = META_GRAD_SQ + 1
+META_WRITING = META_CURSOR  # shards that rewrite the weights in place (od-sgd; never dbs-asgd): see hvd_async.transport.window
+META_TABLE = META_CURSOR + 1
+HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
+
+# header a worker sends with each mailbox request (float64)
+H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_NESTEROV, H_LEN = range(9)
+KIND_PUSH, KIND_PULL, KIND_IDLE, KIND_RESUME = 0, 1, 2, 3
+# the server's answer (float64)
+R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
+STATUS_APPLIED, STATUS_SKIPPED, STATUS_SNAPSHOT = 0, 1, 2
+
+TAG_OPEN = 7101     # worker 0 -> each server on the runtime's control communicator: a WindowSpec
+TAG_REQUEST = 7102  # worker -> server: a header
+TAG_ANSWER = 7103   # server -> worker: an answer
+TAG_CLOSE = 7104    # worker -> server: this worker closed the transport
+TAG_STATE = 7105    # worker -> server: ("get", None) or ("set", shard state), answered on TAG_STATE_REPLY
+TAG_STATE_REPLY = 7106
+
+MODES = ("accumulate", "mailbox")
+OSC_HINT = ("one-sided MPI windows could not be created: across hosts OpenMPI needs the UCX "
+            "one-sided component under MPI_THREAD_MULTIPLE; launch with "
+            "'mpirun --mca osc ucx -x UCX_TLS=tcp,self ...' (hvd-async train --mpi-args "
+            "'--mca osc ucx -x UCX_TLS=tcp,self')")
+
+
+def staleness_summary(counts) -> Tuple[float, int]:
+    """Mean and largest staleness of a histogram (count of pushes by staleness 0, 1, ...)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return 0.0, 0
+    taus = np.arange(len(counts))
+    return float((taus * counts).sum() / total), int(taus[counts > 0].max())
+
+
+def _pushes(meta: np.ndarray, mode: str) -> int:
+    """Pushes a shard received: in accumulate mode each one is one update, counted by the version."""
+    return int(meta[META_VERSION] if mode == "accumulate" else meta[META_PUSHES])
+
+
+def shard_bounds(numel: int, shards: int) -> List[Tuple[int, int]]:
+    """``[start, stop)`` of each shard of a flat buffer: contiguous, lengths differing by at most one."""
+    if numel < 0 or shards < 1:
+        raise ValueError(f"need numel >= 0 and shards >= 1, got numel={numel}, shards={shards}")
+    base, extra = divmod(numel, shards)
+    bounds, start = [], 0
+    for k in range(shards):
+        stop = start + base + (1 if k < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@dataclass
+class WindowSpec:
+    """What worker 0 tells every server when a transport opens (pickled over the control channel)."""
+
+    algorithm: str
+    mode: str
+    numel: int
+    servers: int
+    workers: int
+    options: Dict[str, Any] = field(default_factory=dict)
+    wire: str = "fp32"  # "fp16": the inbox and outbox slots (what crosses the network) in half precision
+
+    @property
+    def wire_dtype(self):
+        return np.float16 if self.wire == "fp16" else np.float32
+
+    @property
+    def meta_len(self) -> int:
+        return META_TABLE + self.workers
+
+    def shard_len(self, shard: int) -> int:
+        start, stop = shard_bounds(self.numel, self.servers)[shard]
+        return stop - start
+
+
+@dataclass
+class ShardStats:
+    """What one server shard saw over one transport's life (part of :class:`hvd_async.server.ServerReport`)."""
+
+    algorithm: str
+    shard: int
+    numel: int
+    updates: int            # updates applied to the weights (the final version)
+    pushes: int             # gradients or deltas received
+    skipped_nonfinite: int  # pushes refused because they held NaN or infinity
+    staleness_hist: List[int]  # count of pushes by staleness 0, 1, ... (last bin: that or more)
+    busy_seconds: float = 0.0  # time the server program spent on requests (mailbox mode)
+
+    @property
+    def staleness_mean(self) -> float:
+        return staleness_summary(self.staleness_hist)[0]
+
+
+def _allocate(comm, count: int, dtype) -> Any:
+    from mpi4py import MPI
+
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        return MPI.Win.Allocate(count * itemsize, itemsize, comm=comm)
+    except MPI.Exception as exc:
+        raise RuntimeError(f"{OSC_HINT} (MPI said: {exc.Get_error_string()})") from None
+
+
+def _window_array(win, count: int, dtype) -> np.ndarray:
+    return np.frombuffer(win.tomemory(), dtype=dtype, count=count)
+
+
+class _Windows:
+    """The windows of one transport on one rank (zero-sized on workers)."""
+
+    def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
+        n = spec.shard_len(shard) if shard is not None else 0
+        mailbox = spec.mode == "mailbox"
+        self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
+        self.weights = _allocate(comm, n, np.float32)
+        self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
+        self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
+
+    def all(self):
+        return [self.meta, self.weights, self.inbox, self.outbox]
+
+    def lock_all(self) -> None:
+        for win in self.all():
+            win.Lock_all()
+
+    def free(self) -> None:
+        for win in self.all():
+            win.Unlock_all()
+        for win in self.all():
+            win.Free()
+
+
+class Pending:
+    """An exchange in flight; ``wait()`` finishes it and returns its result (idempotent)."""
+
+    def __init__(self, finish):
+        self._finish, self._done, self._result = finish, False, None
+
+    def wait(self):
+        if not self._done:
+            self._result = self._finish()
+            self._done = True
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        return self._done
