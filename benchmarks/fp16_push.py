@@ -56,6 +56,7 @@ def bench(args) -> int:
     import torch
 
     import hvd_async as ha
+    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
     from hvd_async.transport import window as W
 
     ha.init(servers=1)
@@ -63,13 +64,13 @@ def bench(args) -> int:
         ha.serve()
         return 0
     workers = ha.worker_comm()
-    header = {W.H_LR: 1e-3, W.H_MOMENTUM: 0.0, W.H_WEIGHT_DECAY: 0.0, W.H_NESTEROV: 0.0}
+    header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
     options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
     rows = []
     for size in args.size_bytes:
         n = size // 4
         grad, out = torch.full((n,), 1e-3), torch.zeros(n)
-        transports = {wire: W.WindowTransport(n, algorithm="dc-asgd", mode="mailbox", options=options, wire=wire)
+        transports = {wire: W.WindowTransport(n, comms=ha.runtime.comms(), algorithm="dc-asgd", mode="mailbox", options=options, wire=wire)
                       for wire in ("fp32", "fp16")}
         for t in transports.values():
             t.publish_(out)

@@ -124,7 +124,7 @@ def bench(args) -> int:
         buf, out = np.full(n, 1e-6, dtype=np.float32), np.empty(n, dtype=np.float32)
         no_op = [np.empty(0, dtype=np.float32), MPI.FLOAT]  # NO_OP ignores it; mpi4py wants one
         delta, flat = torch.full((n,), 1e-6), torch.zeros(n)
-        transport = WindowTransport(n, algorithm="asgd", mode="accumulate")
+        transport = WindowTransport(n, comms=ha.runtime.comms(), algorithm="asgd", mode="accumulate")
         transport.publish_(flat)
 
         def raw_round():

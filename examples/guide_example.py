@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 import hvd_async as ha
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--algo", default="dc-asgd", choices=ha.registry.built())
+parser.add_argument("--algo", default="dc-asgd", choices=ha.registry.names())
 parser.add_argument("--epochs", type=int, default=10)
 args = parser.parse_args()
 

@@ -18,10 +18,9 @@ def _algorithms(argv: List[str]) -> int:
         return 2
     width = max(map(len, registry.names()))
     for row in registry.ALGORITHMS.values():
-        status = "built" if row.built else "planned"
         server = "server" if row.uses_servers else "      "
         origin = f"  (plugin: {row.plugin})" if row.plugin else ""
-        print(f"{row.name:<{width}}  {status:<7}  {server}  {row.summary}{origin}")
+        print(f"{row.name:<{width}}  {server}  {row.summary}{origin}")
     return 0
 
 
@@ -107,7 +106,7 @@ COMMANDS = {
     "train": (_train, "launch the reference training job on --np MPI processes (see 'hvd-async train --help')"),
     "simulate": (_simulate, "simulate the job with N workers on a virtual clock, deterministically "
                             "(see 'hvd-async simulate --help')"),
-    "algorithms": (_algorithms, "list the algorithms of the registry and which are built"),
+    "algorithms": (_algorithms, "list the algorithms of the registry: which use parameter servers, what each does"),
 }
 
 

@@ -237,8 +237,8 @@ def parse_stragglers(specs: List[str]) -> Dict[int, float]:
 def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
     """Check every value; fill derived ones (``servers``, ``workers``, ``stragglers``)."""
     try:
-        row = registry.check_built(args.algo)
-    except (ValueError, NotImplementedError) as exc:
+        row = registry.get(args.algo)
+    except ValueError as exc:
         raise ConfigError(f"--algo: {exc}") from None
     for name, choices in (("dataset", DATASETS), ("model", MODELS)):
         if getattr(args, name) not in choices:

@@ -11,6 +11,11 @@ import traceback
 from .config import ConfigError
 
 
+class TrainingStopped(RuntimeError):
+    """Raised alike on every worker when the job must stop (e.g. a streak of non-finite gradients):
+    exit status 3."""
+
+
 def say(msg: str) -> None:
     """One line to stderr in one write: mpirun interleaves ranks' writes, and print() writes the text
     and the newline apart (unbuffered), so two ranks' lines could come out joined."""
@@ -63,8 +68,13 @@ class Watchdog:
     def beat(self) -> None:
         self.last = time.monotonic()
 
-    def stop(self) -> None:
+    def stop(self, free: bool = True) -> None:
+        """Stop watching. ``free``: also free the watchdog's communicator (collective over the workers
+        it was made from: pass False when some of them were dropped and will never join)."""
         self.stopped.set()
+        self.thread.join(timeout=1.0)  # at once, unless it is ending the job (then it never returns)
+        if free and not self.thread.is_alive():
+            self.comm.Free()
 
     def _run(self) -> None:
         from mpi4py import MPI
@@ -84,10 +94,9 @@ class Watchdog:
                 _abort_after(MPI.COMM_WORLD, 0.5 if self.comm.rank == min(here) else 3.0, 5)
 
 
-def main(argv=None) -> int:
-    """Run this rank's part of the job; returns its exit status (or ends the job)."""
-    from .train import TrainingStopped, train_worker
-
+def main(argv, train_worker) -> int:
+    """Run this rank's part of the job (``train_worker(args)``: a worker's training, returning its
+    metrics record); returns its exit status (or ends the job)."""
     from . import config
 
     try:

@@ -154,8 +154,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         strategy_cls.check_optimizer(optimizer)
         own_transport = transport is None
         if own_transport:
-            _check_same_model(named, runtime._worker_runtime("DistributedOptimizer").group.allgather)
-            transport = strategy_cls.make_transport(named, parsed)
+            comms = runtime.comms("DistributedOptimizer")
+            _check_same_model(named, comms.group.allgather)
+            transport = strategy_cls.make_transport(named, parsed, comms)
         else:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
@@ -169,6 +170,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if own_transport:
                 transport.close()
             raise
+        self._own_transport = own_transport
+        if own_transport:  # one this optimizer built: closed at shutdown if the script never closes it
+            runtime._register_transport(transport)
         self.defaults = optimizer.defaults
 
     # The wrapped optimizer's state is the state: schedulers and users see it through these.
@@ -291,3 +295,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def close(self) -> None:
         self.begin()  # a worker that never stepped still meets the others' first exchange
         self.strategy.close()
+        if self._own_transport:  # (one the caller passed in is the caller's to close)
+            self.strategy.transport.close()
+            runtime._unregister_transport(self.strategy.transport)

@@ -21,8 +21,7 @@ class AlgorithmInfo:
         paper: where the update rule comes from.
         uses_servers: whether it keeps global weights on parameter-server ranks (the default
             ``servers`` of the training job is 1 for these and 0 for the others).
-        strategy: ``"module:Class"`` of its strategy, or the class itself (a plugin's); ``None``
-            while it is planned.
+        strategy: ``"module:Class"`` of its strategy, or the class itself (a plugin's).
         plugin: where a plugin algorithm came from (None for the built-in ones).
     """
 
@@ -30,12 +29,8 @@ class AlgorithmInfo:
     summary: str
     paper: str
     uses_servers: bool
-    strategy: Union[str, type, None] = None
+    strategy: Union[str, type]
     plugin: Optional[str] = None
-
-    @property
-    def built(self) -> bool:
-        return self.strategy is not None
 
 
 _ROWS = (
@@ -72,11 +67,6 @@ def names() -> Tuple[str, ...]:
     """Every algorithm name: the built-in ones, then the plugins' in the order they registered."""
     _load_entry_points()
     return tuple(ALGORITHMS)
-
-
-def built() -> Tuple[str, ...]:
-    """Names of the algorithms that can run now."""
-    return tuple(name for name in names() if ALGORITHMS[name].built)
 
 
 def get(name: str) -> AlgorithmInfo:
@@ -171,18 +161,9 @@ def load_plugins(specs: Iterable[str]) -> None:
             raise ValueError(f"--plugin {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
 
 
-def check_built(name: str) -> AlgorithmInfo:
-    """Like :func:`get`, and ``NotImplementedError`` if the algorithm is only planned."""
-    row = get(name)
-    if not row.built:
-        raise NotImplementedError(
-            f"algorithm {name!r} is planned but not built yet; built now: {', '.join(built())}")
-    return row
-
-
 def strategy_class(name: str):
-    """Import and return the strategy class of a built algorithm."""
-    strategy = check_built(name).strategy
+    """Import and return the strategy class of an algorithm."""
+    strategy = get(name).strategy
     if isinstance(strategy, type):
         return strategy
     module, cls = strategy.split(":")
@@ -196,5 +177,5 @@ def uses_servers(name: str, options: Dict) -> bool:
 
 
 def strategies() -> Dict[str, type]:
-    """Every built algorithm's strategy class, by name."""
-    return {name: strategy_class(name) for name in built()}
+    """Every algorithm's strategy class, by name."""
+    return {name: strategy_class(name) for name in names()}

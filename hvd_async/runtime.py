@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 from . import logs, server
 
@@ -33,7 +33,7 @@ class _Runtime:
         self.role = Role.SERVER if self.world.rank < servers else Role.WORKER
         self.ctrl = self.world.Dup()  # control messages (done, ...) apart from user traffic
         self.win_comm = self.world.Dup()  # parent of each window transport's own communicator
-        self.transports = []  # open WindowTransports of this worker, closed at shutdown
+        self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.finished = False
 
@@ -250,7 +250,24 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
     return report
 
 
+class Comms(NamedTuple):
+    """The communicators a worker's transports run over, handed to them (``make_transport``), so that a
+    transport asks nothing of the runtime."""
+
+    group: Any     # the workers (what Horovod runs over)
+    ctrl: Any      # the whole job: control messages (a window transport's opening, to the servers)
+    win_comm: Any  # the whole job: the parent of each window transport's own communicator
+    servers: int   # world ranks 0 .. servers - 1 are the parameter servers
+
+
+def comms(what: str = "a transport") -> Comms:
+    """This worker's :class:`Comms` (``what``: who asks, named in the error on a server rank)."""
+    rt = _worker_runtime(what)
+    return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers)
+
+
 def _register_transport(transport) -> None:
+    """Close ``transport`` at shutdown if it is still open then (the optimizer that built it registers it)."""
     _runtime().transports.append(transport)
 
 
@@ -260,7 +277,7 @@ def _unregister_transport(transport) -> None:
 
 
 def shutdown() -> None:
-    """Close this worker's open window transports and tell every server it has finished
+    """Close the transports this worker's optimizers built and left open, and tell every server it has finished
     (idempotent; also runs at interpreter exit)."""
     rt = _rt
     if rt is None or rt.finished:

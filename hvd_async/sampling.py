@@ -4,7 +4,7 @@ dbs-asgd changes each worker's batch size as it goes, so a fixed split of the da
 (``DistributedSampler``) no longer fits. Instead all workers draw from one global sequence: epoch
 ``e``'s positions ``e*N .. (e+1)*N-1`` are a permutation of the N samples (seeded by ``(seed, e)``,
 the same on every worker), and a worker wanting ``b`` samples adds ``b`` to a cursor shared by the
-whole job (an atomic fetch-and-add in the servers' windows: ``WindowTransport.fetch_add_cursor``),
+whole job (an atomic fetch-and-add in the servers' windows: ``WindowTransport.fetch_add_counter``),
 which hands it positions ``c .. c+b-1`` that nobody else gets. Within an epoch no sample is
 repeated or skipped, whatever the batch sizes and whatever the order workers come in. A batch that
 starts in epoch ``e`` and runs past its end belongs to epoch ``e`` (its tail is the start of
@@ -22,7 +22,7 @@ class SharedCursorBatches:
         num_samples: N, the dataset's length.
         seed: seeds every epoch's permutation (the same on every worker).
         fetch_add: ``fetch_add(b) -> c``: atomically advance the shared cursor by ``b`` and return its
-            value before (``transport.fetch_add_cursor``; tests pass an in-process counter).
+            value before (``transport.fetch_add_counter``; tests pass an in-process counter).
 
     Example::
 

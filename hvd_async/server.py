@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +26,6 @@ TAG_DONE = 7001  # worker -> every server: this worker has finished
 # --worker-timeout dropped a worker): how long the server goes on polling before it calls a window
 # transport that is still open an error.
 CLOSE_GRACE_SECONDS = 10.0
-
-_pollers: List[Callable[[], None]] = []
-
-
-def add_poller(poller: Callable[[], None]) -> None:
-    """Run ``poller()`` on every turn of the server loop (it must return quickly)."""
-    _pollers.append(poller)
-
 
 @dataclass
 class ServerReport:
@@ -76,8 +68,6 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
     all_done_at = None  # when the last worker said it was done
     while waiting or hosts:
         report.loop_turns += 1
-        for poller in _pollers:
-            poller()
         busy = False
         for host in list(hosts):
             busy = host.poll() > 0 or host.moved() or busy
@@ -108,8 +98,9 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
                 raise RuntimeError(f"server: unexpected control message tag {tag} from rank {source}")
         now = time.perf_counter()
         if hosts and not waiting and all_done_at is not None and now - all_done_at > CLOSE_GRACE_SECONDS:
-            raise RuntimeError("every worker finished but a window transport is still open; "
-                               "workers must close() their optimizers (shutdown does it)")
+            raise RuntimeError("every worker finished but a window transport is still open; workers must "
+                               "close() the transports they built (an optimizer's: opt.close(), or "
+                               "hvd_async.shutdown() at exit)")
         if busy:
             last_activity = now
         if now - last_activity < spin_seconds:

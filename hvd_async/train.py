@@ -14,14 +14,10 @@ import time
 import numpy as np
 
 from .config import ConfigError
-from .job_process import Watchdog as _Watchdog, device as _device, say as _say
+from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say  # noqa: F401
 
 logger = logging.getLogger(__name__)
 NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite streak every so many steps
-
-
-class TrainingStopped(RuntimeError):
-    """Raised alike on every worker when the job must stop (e.g. a streak of non-finite gradients)."""
 
 
 class _Pacer:
@@ -395,7 +391,7 @@ class _Job:
         if self.bar is not None:
             self.bar.close()
         if self.watchdog is not None:
-            self.watchdog.stop()
+            self.watchdog.stop(free=not self.dropped)
         acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
         steps = acc.steps
         total_samples = comm.allreduce(acc.samples)
@@ -429,7 +425,7 @@ def main(argv=None) -> int:
     """The job on this rank (see :mod:`hvd_async.job_process`): the exit status."""
     from .job_process import main as run
 
-    return run(argv)
+    return run(argv, train_worker)
 
 
 if __name__ == "__main__":

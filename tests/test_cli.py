@@ -6,6 +6,8 @@ import pytest
 
 from procs import mpirun, python, run
 
+from hvd_async import registry
+
 CLI = python("-m", "hvd_async.cli")
 
 
@@ -34,7 +36,9 @@ def test_help_texts():
         assert result.returncode == 0 and "usage:" in result.out
     assert "--straggler WORKER=FACTOR" in run(CLI + ["train", "--help"], timeout=60).out
     listing = run(CLI + ["algorithms"], timeout=60).out
-    assert "ssgd" in listing and "built" in listing and "dc-asgd" in listing
+    rows = {line.split()[0]: line for line in listing.splitlines() if line.strip()}
+    assert set(registry.names()) <= set(rows), listing  # every algorithm has its line
+    assert "server" in rows["dc-asgd"] and "server" not in rows["ssgd"], listing
 
 
 def test_job_reports_bad_data_files_once_and_exits_2(tmp_path):

@@ -23,7 +23,7 @@ def _name(path):
 
 
 def test_one_preset_per_algorithm():
-    assert sorted(map(_name, PRESETS)) == sorted(registry.built())
+    assert sorted(map(_name, PRESETS)) == sorted(registry.names())
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=_name)

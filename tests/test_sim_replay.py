@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hvd_async.sim import simulate
-from hvd_async.sim.trace import Trace
+from hvd_async.transport.trace import Trace
 from procs import mpirun, python
 
 EPOCHS = 2

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import is_int_at_least
+from ..transport import window as W
 from .ps import PUSH_RATE_HELP, PUSH_RATES, PSStrategy, check_push_rate, push_scale
 from ..options import option
 
@@ -78,15 +79,6 @@ class ASGD(PSStrategy):
 
 
 
-class AccumulateProgram:
+class AccumulateProgram(W.ServerProgram):
     """asgd's servers do no arithmetic: the accumulates land by themselves; the loop keeps MPI moving."""
-
-    def __init__(self, host):
-        self.host = host
-
-    def on_request(self, worker, header):
-        raise RuntimeError(f"server {self.host.shard}: asgd takes no mailbox requests (worker {worker})")
-
-    def on_leave(self, worker):
-        pass
 

@@ -41,8 +41,9 @@ class Strategy(abc.ABC):
         """Raise if this algorithm cannot run with ``optimizer`` (called before any exchange opens)."""
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
-        """The transport this algorithm uses when the caller gives none (Horovod collectives)."""
+    def make_transport(cls, named_parameters, options, comms):
+        """The transport this algorithm uses when the caller gives none (Horovod collectives); ``comms``:
+        the worker's communicators (:class:`hvd_async.runtime.Comms`) for one that needs them."""
         from ..transport.horovod import HorovodTransport
 
         return HorovodTransport()

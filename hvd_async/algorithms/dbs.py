@@ -15,7 +15,7 @@ same in the global weights, whichever worker drew it.
 
 The batch size is read by the caller before drawing each batch (``opt.strategy.batch_size``, or
 ``opt.batch_size``); the job draws batches from :class:`hvd_async.sampling.SharedCursorBatches`
-through ``transport.fetch_add_cursor``, so that no sample is repeated or skipped within an epoch.
+through ``transport.fetch_add_counter``, so that no sample is repeated or skipped within an epoch.
 
 Choices: the measured time includes whatever the caller does between steps (data loading,
 evaluation), as the paper's per-iteration time does; the first interval after construction or
@@ -94,7 +94,7 @@ class DBSASGD(ASGD):
         self._skip_measure = True
 
     def batch_cursor(self):
-        return self.transport.fetch_add_cursor
+        return self.transport.fetch_add_counter
 
     def _measure(self, used: int) -> None:
         now = self.clock()

@@ -115,7 +115,7 @@ class DCProgram(MailboxProgram):
         staleness = self.staleness(worker)
         step = self.compensated(worker, grad, header)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
-        self.host.add_compensation(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)
+        self.host.add_sums(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
         self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
         self.host.bump([staleness])
         self.snapshot(worker)

@@ -124,11 +124,11 @@ class EASGD(Strategy):
         self.model.load_params()
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
+    def make_transport(cls, named_parameters, options, comms):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return W.WindowTransport(numel, algorithm=cls.name, mode="accumulate")
+        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode="accumulate")
 
     @classmethod
     def server_program(cls, host):
@@ -224,6 +224,3 @@ class EASGD(Strategy):
             self.model.flat.copy_(self.local)
             self.model.load_params()
         load_server_state_dict(self.transport, state)
-
-    def close(self) -> None:
-        self.transport.close()

@@ -231,13 +231,13 @@ class Gossip(Strategy):
         self.mixer = mixer(self.transport, self.model.flat)
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
+    def make_transport(cls, named_parameters, options, comms):
         from ..transport.peer import PeerWindowTransport
 
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return PeerWindowTransport(numel, name=cls.name, progress_interval=options.progress_interval)
+        return PeerWindowTransport(numel, comms=comms, name=cls.name, progress_interval=options.progress_interval)
 
     def step(self, closure=None):
         loss = None
@@ -293,7 +293,4 @@ class Gossip(Strategy):
         self.transport.barrier()  # nobody reads a window that is still being restored
         self.mixer.load_state_dict(state["mixer"])
         self.transport.barrier()
-
-    def close(self) -> None:
-        self.transport.close()
 

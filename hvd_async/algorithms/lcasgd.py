@@ -9,9 +9,8 @@ from ..horovod_options import compression_name
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from ..transport import window as W
 from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
-from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_push_rate
+from .ps import F_LOSS, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_push_rate
 
 
 @dataclass
@@ -101,7 +100,7 @@ class LCProgram(DCProgram):
         self.setup(LCRule(**options))
 
     def compensated(self, worker, grad, header) -> torch.Tensor:
-        loss = float(header[W.H_LOSS])
+        loss = float(header[F_LOSS])
         self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=self.held[worker])

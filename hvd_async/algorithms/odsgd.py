@@ -57,7 +57,8 @@ from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
 from .flat import FlatModel, finite_grads, tensors_copy
-from .ps import check_server_sgd, load_server_state_dict, mailbox_snapshot, server_sgd_hyper, server_state_dict
+from .ps import (F_LOSS, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY, check_server_sgd, load_server_state_dict,
+                 mailbox_snapshot, server_sgd_hyper, server_state_dict)
 from .softsync import SoftSyncProgram
 
 EXCHANGES = ("window", "allreduce")
@@ -154,7 +155,6 @@ class _ServerExchange:
             self.finish()
         finally:
             self.thread.shutdown(wait=True)
-            self.transport.close()
 
 
 class _AllreduceExchange:
@@ -188,8 +188,8 @@ class _AllreduceExchange:
             return
         mean = total[:-1].div_(count)
         h = self.hyper
-        self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[W.H_LR], momentum=h[W.H_MOMENTUM],
-                        weight_decay=h[W.H_WEIGHT_DECAY], nesterov=bool(h.get(W.H_NESTEROV, 0.0)))
+        self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[F_LR], momentum=h[F_MOMENTUM],
+                        weight_decay=h[F_WEIGHT_DECAY], nesterov=bool(h.get(F_NESTEROV, 0.0)))
 
     def state_dict(self) -> Dict:
         if self.handle is not None:
@@ -291,11 +291,11 @@ class ODSGD(Strategy):
         check_server_sgd(cls.name, optimizer)
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
+    def make_transport(cls, named_parameters, options, comms):
         if options.exchange == "allreduce":
-            return super().make_transport(named_parameters, options)
+            return super().make_transport(named_parameters, options, comms)
         numel = sum(p.numel() for _, p in named_parameters)
-        return W.WindowTransport(numel, algorithm=cls.name, mode="mailbox")
+        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode="mailbox")
 
     @classmethod
     def server_program(cls, host):
@@ -323,7 +323,7 @@ class ODSGD(Strategy):
         finite = grad is not None
         header = server_sgd_hyper(self.name, self.optimizer)
         if loss is not None:
-            header[W.H_LOSS] = float(loss)
+            header[F_LOSS] = float(loss)
         start = self.clock()
         self.exchange.finish()  # w_g(t) is now in global_w
         self.wait_seconds += self.clock() - start

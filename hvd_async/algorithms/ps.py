@@ -43,6 +43,10 @@ from .flat import FlatModel, tensors_copy, finite_grads
 
 logger = logging.getLogger(__name__)
 
+# A push's payload as the family's strategies write it and their server programs read it (the
+# window transport carries these fields without knowing them)
+F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS = range(W.H_PAYLOAD, W.H_PAYLOAD + 5)
+
 
 def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
     """The SGD hyperparameters a push carries to a server-side rule, read from the param groups now
@@ -59,9 +63,9 @@ def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
             if group.get(key) != first.get(key):
                 raise ValueError(f"{algorithm} applies one rate on the server: every param group "
                                  f"must share {key} (got {first.get(key)} and {group.get(key)})")
-    return {W.H_LR: float(first["lr"]), W.H_MOMENTUM: float(first.get("momentum", 0.0)),
-            W.H_WEIGHT_DECAY: float(first.get("weight_decay", 0.0)),
-            W.H_NESTEROV: float(bool(first.get("nesterov", False)))}
+    return {F_LR: float(first["lr"]), F_MOMENTUM: float(first.get("momentum", 0.0)),
+            F_WEIGHT_DECAY: float(first.get("weight_decay", 0.0)),
+            F_NESTEROV: float(bool(first.get("nesterov", False)))}
 
 
 
@@ -163,11 +167,12 @@ class PSStrategy(Strategy):
         self.model.load_params()
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
+    def make_transport(cls, named_parameters, options, comms):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return W.WindowTransport(numel, algorithm=cls.name, mode=cls.mode, options=cls.server_options(options),
+        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
+                                 options=cls.server_options(options),
                                  wire=_wire(getattr(options, "compression", "none")))
 
     # --- what every step does ------------------------------------------------------------
@@ -224,9 +229,6 @@ class PSStrategy(Strategy):
         self.global_pushes = int(state["global_pushes"])
         load_server_state_dict(self.transport, state)
 
-    def close(self) -> None:
-        self.transport.close()
-
 
 
 class MailboxStrategy(PSStrategy):
@@ -251,9 +253,9 @@ class MailboxStrategy(PSStrategy):
 
     def _exchange(self, grad, loss) -> None:
         header = self.hyper(self.optimizer)
-        header[W.H_LR] *= self._scale
+        header[F_LR] *= self._scale
         if loss is not None:
-            header[W.H_LOSS] = float(loss)
+            header[F_LOSS] = float(loss)
         answers = self.transport.push(grad, self.model.flat, header)
         self.model.load_params()
         applied = answers[:, W.R_STATUS] == W.STATUS_APPLIED
@@ -277,17 +279,18 @@ class MailboxStrategy(PSStrategy):
         out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
         if self.compensates:  # sums over the servers' applied pushes (the shards' parts add up)
             out["server_pushes"] = rows[0]["pushes"]
-            out["compensation_sq_sum"] = sum(row["compensation_sq"] for row in rows)
-            out["grad_sq_sum"] = sum(row["grad_sq"] for row in rows)
+            # the sums dc-asgd's and lc-asgd's programs add up (DCProgram.on_push: add_sums)
+            out["compensation_sq_sum"] = sum(row["sums"][0] for row in rows)
+            out["grad_sq_sum"] = sum(row["sums"][1] for row in rows)
         return out
 
 
 
-class MailboxProgram:
+class MailboxProgram(W.ServerProgram):
     """Shared server side of dc-asgd and softsync: snapshots, idle/resume, the non-finite check."""
 
     def __init__(self, host):
-        self.host = host
+        super().__init__(host)
         workers = host.spec.workers
         self.active = set(range(workers))
         self.held = [0] * workers  # version of the weights each worker last received
@@ -344,8 +347,8 @@ class MailboxProgram:
         self.sgd_state = tensors_copy(state["sgd_state"])
 
     def step_kwargs(self, header) -> Dict:
-        return {"lr": float(header[W.H_LR]), "momentum": float(header[W.H_MOMENTUM]),
-                "weight_decay": float(header[W.H_WEIGHT_DECAY]), "nesterov": bool(header[W.H_NESTEROV])}
+        return {"lr": float(header[F_LR]), "momentum": float(header[F_MOMENTUM]),
+                "weight_decay": float(header[F_WEIGHT_DECAY]), "nesterov": bool(header[F_NESTEROV])}
 
     def on_push(self, worker, grad, header) -> None:
         raise NotImplementedError

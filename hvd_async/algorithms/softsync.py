@@ -68,11 +68,9 @@ class SoftSync(MailboxStrategy):
         super().__init__(optimizer, named_parameters, transport, options)
 
     @classmethod
-    def make_transport(cls, named_parameters, options):
-        from .. import runtime
-
-        cls._resolve_n(options, runtime.size())  # before the servers are asked to open anything
-        return super().make_transport(named_parameters, options)
+    def make_transport(cls, named_parameters, options, comms):
+        cls._resolve_n(options, comms.group.size)  # before the servers are asked to open anything
+        return super().make_transport(named_parameters, options, comms)
 
     @classmethod
     def resolve_options(cls, options, workers: int) -> None:
@@ -116,6 +114,10 @@ class SoftSyncProgram(MailboxProgram):
     def on_push(self, worker, grad, header) -> None:
         self.pending.append((worker, header))
         self.maybe_apply()
+
+    def waiting_on(self):
+        """Gradients wait for the aggregate: every worker still pushing may be the one it waits for."""
+        return self.active if self.pending else ()
 
     def state_dict(self) -> Dict:
         if self.pending:

@@ -34,7 +34,7 @@ from .collective import PeerWindows, SimCollectiveTransport, SimPeerTransport
 from .delays import DelayModel
 from .network import SimComm, SimNetwork
 from .options import factors
-from .trace import Trace, Tracer
+from ..transport.trace import Trace, Tracer
 from .windows import ReplayScript, SimServers, SimWindowTransport
 
 
@@ -251,6 +251,7 @@ class _Worker:
         blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
         self.opt.close()
         wall = comm.allreduce(self.clock(), op="max")
+        self.transports[self.rank].close()  # the simulator built it: the optimizer leaves it open
         if not reporter:
             return None
         mean, largest = W.staleness_summary(staleness_seen)

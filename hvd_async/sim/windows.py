@@ -17,7 +17,7 @@ the group arrives or a worker goes idle). Every call that crosses the network co
 latency first. Each shard applies a push entirely before the next (the real windows may interleave
 two pushes element by element; the sums are the same up to float rounding order).
 
-Replay (``script``, a :class:`ReplayScript` of a recorded real run, :mod:`hvd_async.sim.trace`):
+Replay (``script``, a :class:`ReplayScript` of a recorded real run, :mod:`hvd_async.transport.trace`):
 each push waits until the shards' version reaches the place the recorded push took, so the pushes
 land in the real run's order. A real ``pull(after_push=True)`` may have read pushes that landed
 after its own (the transport then counts them as stale): the replayed pull waits until the global
@@ -142,7 +142,7 @@ class SimWindowTransport(W.WindowTransport):
         rank: this worker.
         servers: the shards (shared by every worker's transport).
         script: replay: this worker's recorded exchanges (:class:`ReplayScript`).
-        tracer: records this worker's pushes and pulls (:class:`hvd_async.sim.trace.Tracer`).
+        tracer: records this worker's pushes and pulls (:class:`hvd_async.transport.trace.Tracer`).
     """
 
     def __init__(self, net: SimNetwork, rank: int, servers: SimServers, *,
@@ -282,7 +282,7 @@ class SimWindowTransport(W.WindowTransport):
             if part is not None:
                 host.inbox[me].copy_(part)
             request = np.zeros(W.H_LEN, dtype=np.float64)
-            request[W.H_KIND], request[W.H_VERSION] = kind, self._versions[k]
+            request[W.H_KIND] = kind
             for key, value in (header or {}).items():
                 request[key] = value
             host.answers.pop(me, None)
@@ -320,13 +320,13 @@ class SimWindowTransport(W.WindowTransport):
             if status != "ok":
                 raise ValueError(why)
 
-    # --- shared cursor and per-worker values (on shard 0) -------------------------------------
-    def fetch_add_cursor(self, n: int) -> int:
+    # --- shared counter and per-worker values (on shard 0) ------------------------------------
+    def fetch_add_counter(self, n: int) -> int:
         self._check_idle()
         self.net.exchange(self._rank)
         meta = self.hosts[0].meta
-        old = int(meta[W.META_CURSOR])
-        meta[W.META_CURSOR] += n
+        old = int(meta[W.META_COUNTER])
+        meta[W.META_COUNTER] += n
         return old
 
     def publish_value(self, value: float) -> None:
@@ -346,14 +346,11 @@ class SimWindowTransport(W.WindowTransport):
         self.net.exchange(self._rank)
         rows = []
         for host in self.hosts:
-            meta = host.meta[:W.META_CURSOR]
-            row = {"version": host.version, "pushes": W._pushes(meta, self.spec.mode),
-                   "busy_seconds": int(meta[W.META_BUSY_US]) / 1e6,
-                   "staleness_hist": meta[W.META_HIST:W.META_HIST + W.HIST_BINS].tolist()}
-            comp = getattr(W, "META_COMP_SQ", None)
-            if comp is not None:
-                row["compensation_sq"], row["grad_sq"] = (float(v) for v in meta[comp:comp + 2].view(np.float64))
-            rows.append(row)
+            meta = host.meta[:W.META_COUNTER]
+            rows.append({"version": host.version, "pushes": W._pushes(meta, self.spec.mode),
+                         "busy_seconds": int(meta[W.META_BUSY_US]) / 1e6,
+                         "staleness_hist": meta[W.META_HIST:W.META_SUMS].tolist(),
+                         "sums": meta[W.META_SUMS:W.META_COUNTER].view(np.float64).tolist()})
         return rows
 
     def close(self) -> None:

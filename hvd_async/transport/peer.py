@@ -59,7 +59,7 @@ class PeerWindowTransport(Transport):
 
     Example::
 
-        t = PeerWindowTransport(10, name="gossip")
+        t = PeerWindowTransport(10, comms=hvd_async.runtime.comms(), name="gossip")
         with t.own() as (buf, weight):
             buf.fill_(t.rank); weight[0] = 1.0
         t.barrier()
@@ -67,17 +67,15 @@ class PeerWindowTransport(Transport):
         t.close()
     """
 
-    def __init__(self, numel: int, *, name: str, progress_interval: float = 0.001):
+    def __init__(self, numel: int, *, comms, name: str, progress_interval: float = 0.001):
         super().__init__()
         from mpi4py import MPI
-
-        from .. import runtime
 
         if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if not (is_finite_number(progress_interval) and 0 < progress_interval <= 1):
             raise ValueError(f"progress_interval must be in (0, 1] seconds, got {progress_interval!r}")
-        rt = runtime._worker_runtime("PeerWindowTransport")
+        rt = comms  # (hvd_async.runtime.Comms: the workers' communicator is comms.group)
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError("PeerWindowTransport runs an MPI progress thread and needs MPI_THREAD_MULTIPLE; "
                                "MPI was initialised with a lower thread level (leave mpi4py.rc.thread_level "
@@ -105,7 +103,6 @@ class PeerWindowTransport(Transport):
         self._thread = threading.Thread(target=self._progress_loop, name=f"{name}-mpi-progress", daemon=True)
         self._thread.start()
         self.comm.Barrier()  # every window exists and is zeroed before anyone touches a peer's
-        runtime._register_transport(self)
 
     # --- who we are ------------------------------------------------------------------------
     @property
@@ -216,8 +213,6 @@ class PeerWindowTransport(Transport):
         thread and free the windows. Later calls raise."""
         if self._closed:
             return
-        from .. import runtime
-
         self.comm.Barrier()  # no access to any window is in flight past this point
         self._stop.set()
         self._thread.join()
@@ -225,4 +220,3 @@ class PeerWindowTransport(Transport):
         self._win.Free()
         self._progress_comm.Free()
         self.comm.Free()
-        runtime._unregister_transport(self)

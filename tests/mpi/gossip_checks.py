@@ -42,7 +42,7 @@ def push_sum_keeps_the_sum():
     """Many concurrent push-sum rounds (no gradient) keep sum x and sum s; the models contract;
     the final average is the initial mean; the transport refuses use after close."""
     rank, size = ha.rank(), ha.size()
-    t = PeerWindowTransport(NUMEL, name="check")
+    t = PeerWindowTransport(NUMEL, comms=ha.runtime.comms(), name="check")
     flat = _start(rank)
     initial = sum(x.double() for x in _allgather(flat.clone()))
     mixer = _PushSumMixer(t, flat)
@@ -84,7 +84,7 @@ def pull_contracts():
     rank, size = ha.rank(), ha.size()
     if size == 1:
         return
-    t = PeerWindowTransport(NUMEL, name="check")
+    t = PeerWindowTransport(NUMEL, comms=ha.runtime.comms(), name="check")
     flat = _start(rank)
     before = _spread(_allgather(flat.clone()))
     mixer = _PullMixer(t, flat)

@@ -162,7 +162,9 @@ def overlap():
     for exchange in ("window", "allreduce") if comm.size > 1 else ("window",):
         bare, own = _blocked_per_step(exchange, 0.0)
         own = bare if own is None else own
-        compute = max(0.02, 5.0 * max(bare, own))
+        # one compute time for every worker (the largest): each timed its own exchange, and a worker that
+        # computed less would wait in the allreduce for the others' longer compute, not for the exchange
+        compute = max(comm.allgather(max(0.02, 5.0 * max(bare, own))))
         hidden, own_then = _blocked_per_step(exchange, compute)
         own = own if own_then is None else own_then  # timed in the same run as the compute
         own, hidden = comm.allreduce(own) / comm.size, comm.allreduce(hidden) / comm.size

@@ -12,6 +12,7 @@ import torch
 
 import hvd_async as ha
 from harness import check, main, say
+from hvd_async.algorithms.ps import F_LR
 from hvd_async.transport import window as W
 
 NUMEL = 1001  # not a multiple of 2: the shards differ in length
@@ -28,7 +29,7 @@ def integer_init(numel: int = NUMEL) -> torch.Tensor:
 
 
 def open_transport(algorithm, mode, options, numel=NUMEL):
-    return W.WindowTransport(numel, algorithm=algorithm, mode=mode, options=options)
+    return W.WindowTransport(numel, comms=ha.runtime.comms(), algorithm=algorithm, mode=mode, options=options)
 
 
 def no_lost_update():
@@ -64,9 +65,9 @@ def no_lost_update():
                 elif i % 10 == 5:
                     t.pull_async(flat).wait()
             elif i % 2:
-                answers = t.request_async(W.KIND_PUSH, grad=g, out=flat, header={W.H_LR: 1.0}).wait()
+                answers = t.request_async(W.KIND_PUSH, grad=g, out=flat, header={F_LR: 1.0}).wait()
             else:
-                answers = t.push(g, flat, {W.H_LR: 1.0})
+                answers = t.push(g, flat, {F_LR: 1.0})
             if mode == "mailbox":
                 check((answers[:, W.R_STATUS] == W.STATUS_APPLIED).all(), f"{algorithm}: push refused")
                 staleness, versions = answers[:, W.R_STALENESS].astype(int), answers[:, W.R_VERSION]
@@ -196,12 +197,12 @@ def dbs_cursor():
 
     workers, rank, n = ha.size(), ha.rank(), 53
     t = open_transport("dbs-asgd", "accumulate", {})
-    batches = SharedCursorBatches(n, seed=3, fetch_add=t.fetch_add_cursor)
+    batches = SharedCursorBatches(n, seed=3, fetch_add=t.fetch_add_counter)
     rng = np.random.default_rng(rank)
     claims = []
     while not claims or claims[-1][0] < 3 * n:
         size = int(rng.integers(1, 12))
-        start = t.fetch_add_cursor(size)
+        start = t.fetch_add_counter(size)
         claims.append((start, batches.indices(start, size)))
     everyone = t.allgather_object(claims)
     if rank == 0:
@@ -287,7 +288,7 @@ def nonfinite():
     t = open_transport("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, numel)
     flat = init.clone()
     t.publish_(flat)
-    answers = t.push(torch.full((numel,), float("inf")), flat, {W.H_LR: 1.0})
+    answers = t.push(torch.full((numel,), float("inf")), flat, {F_LR: 1.0})
     check((answers[:, W.R_STATUS] == W.STATUS_SKIPPED).all(), "server applied an infinite gradient")
     check(torch.equal(flat, init), "an infinite gradient reached the weights")
     t.barrier()
@@ -338,7 +339,7 @@ def shutdown():
     pushed = torch.zeros(NUMEL, dtype=torch.float64)
     for i in range(5 if early else int(300 * SCALE)):
         g = integer_grad(rank, i)
-        t.push(g, flat, {W.H_LR: 1.0})
+        t.push(g, flat, {F_LR: 1.0})
         pushed += g.double()
     total = ha.worker_comm().allreduce(pushed.numpy())  # the early worker's part is in here
     if early:

@@ -138,7 +138,7 @@ def weights_pull():
     """asgd's windows (accumulate mode): workers 1.. push ones; worker 0 only reads, alternating
     ``pull`` and ``pull_async``, and now and then the shards' counters (``read_stats``)."""
     workers, rank = ha.size(), ha.rank()
-    t = WindowTransport(NUMEL, algorithm="asgd", mode="accumulate")
+    t = WindowTransport(NUMEL, comms=ha.runtime.comms(), algorithm="asgd", mode="accumulate")
     flat, ones = torch.zeros(NUMEL), torch.full((NUMEL,), VALUE)
     t.publish_(flat)  # zeros
     bound = MAX_PUSHES * (workers - 1)
@@ -178,7 +178,7 @@ def gossip_get():
         if rank == 0:
             say(f"GOSSIP GET SKIPPED: needs a reader, a target and a pusher ({workers} workers)")
         return
-    t = PeerWindowTransport(NUMEL, name="rma-read-check")
+    t = PeerWindowTransport(NUMEL, comms=ha.runtime.comms(), name="rma-read-check")
     target, bound = 1, MAX_PUSHES * (workers - 2)
     out, ones = torch.zeros(NUMEL), torch.full((NUMEL,), VALUE)
     reads, weights = Reads("get", bound, VALUE), Reads("get's weight", bound)

@@ -175,7 +175,7 @@ def parameter_server():
 
     def dbs_step(opt, g):  # draws its batch from the shared cursor, weighted by its share as dbs-asgd does
         used = opt.strategy.batch_size
-        opt.strategy.transport.fetch_add_cursor(used)
+        opt.strategy.transport.fetch_add_counter(used)
         cursor[0] += used
         sizes.add(used)
         return g.double() * (used / NOMINAL_BATCH)
@@ -187,7 +187,7 @@ def parameter_server():
     pushes = ha.worker_comm().allreduce(case.steps)
     _server_counts(t, pushes, pushes, ha.worker_comm().allreduce(opt.strategy.hist))
     if case.algo == "dbs-asgd":
-        drawn, at = ha.worker_comm().allreduce(cursor[0]), t.fetch_add_cursor(0)
+        drawn, at = ha.worker_comm().allreduce(cursor[0]), t.fetch_add_counter(0)
         check(at == drawn, f"dbs-asgd: the shared cursor is at {at}, {drawn} samples were drawn")
         sizes = sorted(set().union(*ha.worker_comm().allgather(sizes)))
     opt.close()

@@ -176,9 +176,9 @@ def test_peer_transport_checks_arguments_before_mpi():
     from hvd_async.transport.peer import PeerWindowTransport
 
     with pytest.raises(ValueError, match="numel must be a positive integer, got 0"):
-        PeerWindowTransport(0, name="t")
+        PeerWindowTransport(0, comms=None, name="t")
     with pytest.raises(ValueError, match=r"progress_interval must be in \(0, 1\] seconds, got -1"):
-        PeerWindowTransport(3, name="t", progress_interval=-1)
+        PeerWindowTransport(3, comms=None, name="t", progress_interval=-1)
 
 
 def test_registry_rows():

@@ -44,3 +44,33 @@ def test_each_parameter_server_algorithm_in_its_own_module():
     for user in ("gossip", "easgd", "odsgd"):
         with open(os.path.join(PACKAGE, "algorithms", f"{user}.py")) as f:
             assert "from .flat import" in f.read(), user
+
+
+LEARNING_WORDS = {"lr", "momentum", "decay", "nesterov", "loss", "cursor", "speed", "compensation"}
+
+
+def _identifiers(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+
+
+def test_transports_name_no_learning_quantity():
+    """The transports move bytes and keep counters; what a payload field, a sum or the shared counter
+    means (a rate, a loss, a batch cursor, a compensation norm) is the algorithm's (issue 18)."""
+    found = {}
+    for name, text in _modules():
+        if not name.startswith("transport" + os.sep):
+            continue
+        for ident in set(_identifiers(ast.parse(text))):
+            if set(ident.lower().split("_")) & LEARNING_WORDS:
+                found.setdefault(name, []).append(ident)
+    assert not found, f"transport modules name learning quantities: {found}"

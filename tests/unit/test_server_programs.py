@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hvd_async.algorithms.dcasgd import DCProgram
+from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_WEIGHT_DECAY
 from hvd_async.algorithms.softsync import SoftSyncProgram
 from hvd_async.rules import SGDRule
 from hvd_async.transport import window as W
@@ -36,13 +37,13 @@ class FakeHost:
     def answer(self, worker, staleness, status):
         self.answers.append((worker, staleness, status))
 
-    def add_compensation(self, compensation_sq, grad_sq):
+    def add_sums(self, *values):
         pass
 
 
 def header(lr=0.1, momentum=0.9, weight_decay=0.01):
     h = np.zeros(W.H_LEN, dtype=np.float64)
-    h[W.H_KIND], h[W.H_LR], h[W.H_MOMENTUM], h[W.H_WEIGHT_DECAY] = W.KIND_PUSH, lr, momentum, weight_decay
+    h[W.H_KIND], h[F_LR], h[F_MOMENTUM], h[F_WEIGHT_DECAY] = W.KIND_PUSH, lr, momentum, weight_decay
     return h
 
 

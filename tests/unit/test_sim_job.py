@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hvd_async.sim import simulate
-from hvd_async.sim.trace import Trace
+from hvd_async.transport.trace import Trace
 
 TRAIN = 1437  # digits' training split
 

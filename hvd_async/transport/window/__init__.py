@@ -6,13 +6,15 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
 
 - ``weights``: the shard of the global weights;
 - ``meta`` (int64): ``[version, pushes, server busy microseconds, staleness histogram (HIST_BINS
-  bins, the last one counts everything at or beyond it), two float64 sums over the applied pushes
-  (squared norm of the compensation the server added to each gradient, and of the gradients: dc-asgd
-  and lc-asgd), a shared cursor, one value per worker]`` (cursor and values are used on shard 0
-  only: dbs-asgd's batch cursor and speed table; od-sgd's shards keep ``META_WRITING`` in the
-  cursor's place, see below);
+  bins, the last one counts everything at or beyond it), SUMS float64 sums the server program adds
+  into (``ShardHost.add_sums``), a shared counter, one value per worker]`` (counter and values are
+  used on shard 0 only: ``fetch_add_counter``, ``publish_value``, ``read_values``; shards that
+  rewrite their weights keep ``META_WRITING`` in the counter's place, see below). What the sums,
+  the counter and the values stand for is the algorithm's (dc-asgd's compensation norms, dbs-asgd's
+  batch cursor and speed table): the transport names no learning quantity;
 - mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
-  gradient into its inbox slot, flushes, and sends the server a small header message; the server
+  gradient into its inbox slot, flushes, and sends the server a small header message (the request's
+  kind and a payload of ``PAYLOAD_LEN`` floats whose fields the algorithm defines); the server
   applies its rule, writes the weights it wants the worker to continue from into the worker's
   outbox slot (dc-asgd keeps them there as that worker's backup ``w_bak(m)``) and answers with
   ``[version, staleness, pushes, status]``; the worker then gets its outbox slot.
@@ -63,6 +65,6 @@ one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--
 opening fails with a message that says so when the default one cannot create the window.
 """
 from .client import WindowTransport  # noqa: F401
-from .host import ShardHost  # noqa: F401
-from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LR, W.KIND_PUSH, ...)
+from .host import ServerProgram, ShardHost  # noqa: F401
+from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LEN, W.KIND_PUSH, ...)
 from .layout import _pushes  # noqa: F401  (the simulator's shard host counts as the real one does)

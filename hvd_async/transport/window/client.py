@@ -8,7 +8,7 @@ import torch
 
 from ..base import Transport
 from .counters import MetaAccess
-from .layout import (HIST_BINS, HIST_EVERY, H_KIND, H_LEN, H_VERSION, KIND_PULL, KIND_PUSH, META_HIST,
+from .layout import (HIST_BINS, HIST_EVERY, H_KIND, H_LEN, KIND_PULL, KIND_PUSH, META_HIST,
                      META_VERSION, META_WRITING, MODES, R_LEN, R_VERSION, TAG_ANSWER, TAG_CLOSE, TAG_OPEN,
                      TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Pending, WindowSpec, _Windows, shard_bounds)
 
@@ -21,17 +21,16 @@ class WindowTransport(MetaAccess, Transport):
 
     Args:
         numel: elements of the flat fp32 parameter buffer.
+        comms: the worker's communicators (:func:`hvd_async.runtime.comms`).
         algorithm: registry name (the servers pick their rule by it).
         mode: ``"accumulate"`` or ``"mailbox"`` (see the module docstring).
         options: the server rule's options (plain values, pickled to the servers).
     """
 
-    def __init__(self, numel: int, *, algorithm: str, mode: str, options: Optional[Dict] = None,
+    def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
                  wire: str = "fp32"):
         super().__init__()
         from mpi4py import MPI
-
-        from ... import runtime
 
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -39,13 +38,13 @@ class WindowTransport(MetaAccess, Transport):
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if wire not in ("fp32", "fp16") or (wire == "fp16" and mode != "mailbox"):
             raise ValueError(f"wire must be 'fp32' (or 'fp16' in mailbox mode), got {wire!r} in {mode} mode")
-        rt = runtime._worker_runtime("WindowTransport")
+        rt = comms
         if rt.servers < 1:
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
                                f"this job has none: call hvd_async.init(servers=1) (or more) and "
                                f"launch at least one extra process for each server")
         self._MPI = MPI
-        self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.world.size - rt.servers,
+        self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.group.size,
                                dict(options or {}), wire)
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
@@ -79,10 +78,9 @@ class WindowTransport(MetaAccess, Transport):
         self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
-        from ...sim.trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
+        from ..trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
 
         self._trace = Tracer.from_env(self._rank, algorithm, mode)
-        runtime._register_transport(self)
 
     # --- who we are ------------------------------------------------------------------------
     @property
@@ -305,8 +303,11 @@ class WindowTransport(MetaAccess, Transport):
         ``KIND_PUSH`` puts ``grad`` into this worker's inbox slots first; ``KIND_PUSH`` and
         ``KIND_PULL`` are answered, and ``wait()`` then gets the weights the server left in this
         worker's outbox slots into ``out`` (unless ``out`` is None) and returns the answers (one
-        row per shard, columns ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts pushing for a while,
-        so softsync need not wait for it) are not answered.
+        row per shard, columns ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts
+        pushing for a while, so a server that waits for every worker need not wait for it) are not
+        answered. ``header``: the payload, ``{index: value}`` with indices from ``H_PAYLOAD`` to
+        ``H_LEN - 1``, whose meaning the algorithm's strategy and server program agree on (the
+        transport only carries it); unset fields are 0.
         """
         self._check_idle()
         if self.spec.mode != "mailbox":
@@ -327,7 +328,6 @@ class WindowTransport(MetaAccess, Transport):
         for k in range(self.servers):
             self._headers[k] = 0.0
             self._headers[k, H_KIND] = kind
-            self._headers[k, H_VERSION] = self._versions[k]
             for key, value in (header or {}).items():
                 self._headers[k, key] = value
             if answered:
@@ -415,8 +415,6 @@ class WindowTransport(MetaAccess, Transport):
         once every worker has closed (the servers keep serving the others meanwhile)."""
         if self._closed:
             return
-        from ... import runtime
-
         if self._pending is not None:
             self._pending.wait()
         self._send_hist()
@@ -429,4 +427,3 @@ class WindowTransport(MetaAccess, Transport):
         if not self.dropped:  # (a dropped worker would never join the free)
             self._win.free()
             self.comm.Free()
-        runtime._unregister_transport(self)

@@ -4,12 +4,12 @@ takes the workers' requests to the algorithm's server program and keeps the shar
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COMP_SQ, META_CURSOR, META_HIST, META_PUSHES,
+from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
                      META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
                      TAG_STATE_REPLY, ShardStats, WindowSpec, _pushes, _window_array, _Windows)
 
@@ -29,11 +29,41 @@ class _Widened:
         return len(self.slots)
 
 
+class ServerProgram:
+    """What a :class:`ShardHost` asks of the algorithm's server program (built by the strategy
+    class's ``server_program(host)``). The defaults suit a program that takes no requests and keeps
+    nothing between them (asgd's: the workers' accumulates land by themselves)."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def on_request(self, worker: int, header: np.ndarray) -> None:
+        """One request: ``header[H_KIND]`` and the payload the strategy wrote; the program answers
+        with ``host.answer`` where the kind is answered."""
+        raise RuntimeError(f"server {self.host.shard}: {self.host.spec.algorithm} takes no mailbox "
+                           f"requests (worker {worker})")
+
+    def on_leave(self, worker: int) -> None:
+        """``worker`` stopped pushing for now (idle, closed, set aside or dropped)."""
+
+    def waiting_on(self) -> Iterable[int]:
+        """The workers whose gradients an update now waits for (empty when nothing waits): with
+        ``--worker-timeout`` the host stops waiting for one that has sent nothing for that long."""
+        return ()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What the program keeps besides the windows (part of the shard's checkpoint)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        pass
+
+
 class ShardHost:
     """The server side of one transport on one server rank: owns shard ``shard``'s windows.
 
-    ``program`` (built by the algorithm's strategy class: ``server_program`` in
-    ``hvd_async.algorithms.asgd``, ``dcasgd``, ...) gets each request through
+    ``program`` (a :class:`ServerProgram`, built by the algorithm's strategy class:
+    ``server_program`` in ``hvd_async.algorithms.asgd``, ``dcasgd``, ...) gets each request through
     ``on_request(worker, header)``; ``poll()`` is called by the server loop.
     """
 
@@ -102,9 +132,10 @@ class ShardHost:
         for s in staleness:
             self.meta[META_HIST + min(int(s), HIST_BINS - 1)] += 1
 
-    def add_compensation(self, compensation_sq: float, grad_sq: float) -> None:
-        """Add one push's squared norms (this shard's part) of the compensation and of the gradient."""
-        self.meta[META_COMP_SQ:META_CURSOR].view(np.float64)[:] += (compensation_sq, grad_sq)
+    def add_sums(self, *values: float) -> None:
+        """Add ``SUMS`` floats into the shard's sums (what they sum is the program's; workers read them
+        with ``read_stats``)."""
+        self.meta[META_SUMS:META_COUNTER].view(np.float64)[:] += values
 
     def answer(self, worker: int, staleness: int, status: int) -> None:
         """Tell ``worker`` its outbox slot holds the weights of the current version."""
@@ -163,7 +194,7 @@ class ShardHost:
                 raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
         else:
             handled = budget
-        if self.worker_timeout is not None and getattr(self.program, "pending", None):
+        if self.worker_timeout is not None:
             self._watch()
         return handled
 
@@ -171,7 +202,7 @@ class ShardHost:
         """Gradients wait for the aggregate (softsync, od-sgd): stop waiting for a worker that has sent
         nothing for ``worker_timeout`` seconds (it is waited for again from its next push)."""
         now = time.monotonic()
-        for worker in sorted(getattr(self.program, "active", ())):
+        for worker in sorted(self.program.waiting_on()):
             if worker not in self._set_aside and now - self._last_heard[worker] > self.worker_timeout:
                 logger.warning("server %d: worker %d sent nothing for %.0f s (--worker-timeout); the "
                                "update goes on without it", self.shard, worker, now - self._last_heard[worker])
@@ -196,8 +227,7 @@ class ShardHost:
                  "skipped_nonfinite": self.skipped_nonfinite}
         if self.spec.mode == "mailbox":
             state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
-        program_state = getattr(self.program, "state_dict", None)
-        state["program"] = program_state() if program_state is not None else {}
+        state["program"] = self.program.state_dict()
         return state
 
     def _load_checked(self, state: Dict[str, Any]) -> Optional[str]:
@@ -218,9 +248,7 @@ class ShardHost:
         if self.spec.mode == "mailbox":
             for slot, saved in zip(self.outbox, state["outbox"]):
                 slot.copy_(saved)
-        load = getattr(self.program, "load_state_dict", None)
-        if load is not None:
-            load(state["program"])
+        self.program.load_state_dict(state["program"])
         return ("ok", None)
 
     def close(self) -> ShardStats:
@@ -228,7 +256,7 @@ class ShardHost:
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
-                           self.meta[META_HIST:META_COMP_SQ].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
+                           self.meta[META_HIST:META_SUMS].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         if not self.dropped:

@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 __all__ = [  # what hvd_async.transport.window re-exports
-    "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "META_COMP_SQ", "META_GRAD_SQ",
-    "META_CURSOR", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_VERSION", "H_LR", "H_MOMENTUM",
-    "H_WEIGHT_DECAY", "H_LOSS", "H_WEIGHT", "H_NESTEROV", "H_LEN", "KIND_PUSH", "KIND_PULL", "KIND_IDLE",
+    "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "SUMS", "META_SUMS",
+    "META_COUNTER", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_PAYLOAD", "PAYLOAD_LEN",
+    "H_LEN", "KIND_PUSH", "KIND_PULL", "KIND_IDLE",
     "KIND_RESUME", "R_VERSION", "R_STALENESS", "R_PUSHES", "R_STATUS", "R_LEN", "STATUS_APPLIED",
     "STATUS_SKIPPED", "STATUS_SNAPSHOT", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE",
     "TAG_STATE_REPLY", "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats",
@@ -18,15 +18,18 @@ __all__ = [  # what hvd_async.transport.window re-exports
 
 HIST_BINS = 64
 META_VERSION, META_PUSHES, META_BUSY_US, META_HIST = 0, 1, 2, 3
-META_COMP_SQ = META_HIST + HIST_BINS  # float64 bits: sum of ||compensated step - g||^2 over pushes
-META_GRAD_SQ = META_COMP_SQ + 1        # float64 bits: sum of ||g||^2 over the same pushes
-META_CURSOR = META_GRAD_SQ + 1
-META_WRITING = META_CURSOR  # shards that rewrite the weights in place (od-sgd; never dbs-asgd): see hvd_async.transport.window
-META_TABLE = META_CURSOR + 1
+SUMS = 2  # float64 sums a server program adds into per push (ShardHost.add_sums; read_stats' "sums")
+META_SUMS = META_HIST + HIST_BINS  # SUMS slots holding float64 bits
+META_COUNTER = META_SUMS + SUMS  # the job's shared counter (shard 0: fetch_add_counter)
+META_WRITING = META_COUNTER  # shards that rewrite the weights in place: see hvd_async.transport.window
+META_TABLE = META_COUNTER + 1  # one float per worker (shard 0: publish_value, read_values)
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
-# header a worker sends with each mailbox request (float64)
-H_KIND, H_VERSION, H_LR, H_MOMENTUM, H_WEIGHT_DECAY, H_LOSS, H_WEIGHT, H_NESTEROV, H_LEN = range(9)
+# header a worker sends with each mailbox request (float64): the kind, then a payload whose fields
+# (indices H_PAYLOAD .. H_LEN - 1) the algorithm's strategy and server program define between them
+H_KIND, H_PAYLOAD = 0, 1
+PAYLOAD_LEN = 7
+H_LEN = H_PAYLOAD + PAYLOAD_LEN
 KIND_PUSH, KIND_PULL, KIND_IDLE, KIND_RESUME = 0, 1, 2, 3
 # the server's answer (float64)
 R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
