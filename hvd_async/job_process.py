@@ -23,7 +23,6 @@ def say(msg: str) -> None:
     sys.stderr.flush()
 
 
-
 def device_kind(name: str) -> str:
     """``cpu`` or ``cuda`` for ``--device`` (``auto``: ``cuda`` where this process sees a GPU);
     a ConfigError for ``cuda`` without one."""
@@ -89,8 +88,8 @@ class Watchdog:
                 if self.comm.rank == min(here):
                     gone = ", ".join(str(self.live[r]) for r in missing) or "none (?)"
                     say(f"hvd_async.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
-                         f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
-                         f"that cannot go on without them; stopping the job, exit status 5")
+                        f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
+                        f"that cannot go on without them; stopping the job, exit status 5")
                 _abort_after(MPI.COMM_WORLD, 0.5 if self.comm.rank == min(here) else 3.0, 5)
 
 
@@ -145,12 +144,12 @@ def main(argv, train_worker) -> int:
         for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
             say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
-                 f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
-                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
-                 f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
+                f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
+                f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
+                f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
         if report.dropped:
             say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
-                 f"which made no progress for {args.worker_timeout:g} s (--worker-timeout)")
+                f"which made no progress for {args.worker_timeout:g} s (--worker-timeout)")
             _abort_after(world, 1.0 if world.rank == 0 else 30.0, 4)  # they never join MPI_Finalize
         return 0
     from .metrics import print_result
@@ -175,8 +174,8 @@ def main(argv, train_worker) -> int:
     except Exception as exc:  # one rank failed alone: take the job down rather than hang the others
         if args.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
             say(f"hvd_async.train: error: worker {ha.rank()}: a collective waited more than "
-                 f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
-                 f"names the missing ranks): {str(exc).splitlines()[0]}")
+                f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
+                f"names the missing ranks): {str(exc).splitlines()[0]}")
             _abort_after(world, 0.5, 5)
         traceback.print_exc()
         sys.stderr.flush()
@@ -187,7 +186,7 @@ def main(argv, train_worker) -> int:
     if record["dropped_workers"]:  # results are out; the dropped workers never finish
         if ha.rank() == 0:
             say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "
-                 f"(--worker-timeout); exit status 4")
+                f"(--worker-timeout); exit status 4")
         ha.shutdown()
         _abort_after(world, 30.0, 4)  # the servers end the job once they have reported
     return 0
@@ -199,5 +198,3 @@ def _abort_after(world, seconds: float, code: int) -> None:
     sys.stderr.flush()
     time.sleep(seconds)
     world.Abort(code)
-
-

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from .config import ConfigError
-from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say  # noqa: F401
+from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
 
 logger = logging.getLogger(__name__)
 NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite streak every so many steps

@@ -75,14 +75,13 @@ class PeerWindowTransport(Transport):
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if not (is_finite_number(progress_interval) and 0 < progress_interval <= 1):
             raise ValueError(f"progress_interval must be in (0, 1] seconds, got {progress_interval!r}")
-        rt = comms  # (hvd_async.runtime.Comms: the workers' communicator is comms.group)
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError("PeerWindowTransport runs an MPI progress thread and needs MPI_THREAD_MULTIPLE; "
                                "MPI was initialised with a lower thread level (leave mpi4py.rc.thread_level "
                                "at its default 'multiple')")
         self._MPI = MPI
         self.name, self.numel, self.progress_interval = name, int(numel), float(progress_interval)
-        self.comm = rt.group.Dup()
+        self.comm = comms.group.Dup()
         self._rank, self._size = self.comm.rank, self.comm.size
         try:
             self._win = MPI.Win.Allocate(HEADER + 4 * self.numel, 1, comm=self.comm)
@@ -98,7 +97,7 @@ class PeerWindowTransport(Transport):
         with self.own() as (buf, weight):
             buf.zero_()
             weight[0] = 0.0
-        self._progress_comm = rt.group.Dup()
+        self._progress_comm = comms.group.Dup()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._progress_loop, name=f"{name}-mpi-progress", daemon=True)
         self._thread.start()

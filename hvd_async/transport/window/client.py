@@ -38,45 +38,44 @@ class WindowTransport(MetaAccess, Transport):
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if wire not in ("fp32", "fp16") or (wire == "fp16" and mode != "mailbox"):
             raise ValueError(f"wire must be 'fp32' (or 'fp16' in mailbox mode), got {wire!r} in {mode} mode")
-        rt = comms
-        if rt.servers < 1:
+        if comms.servers < 1:
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
                                f"this job has none: call hvd_async.init(servers=1) (or more) and "
                                f"launch at least one extra process for each server")
         self._MPI = MPI
-        self.spec = WindowSpec(algorithm, mode, int(numel), rt.servers, rt.group.size,
+        self.spec = WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
                                dict(options or {}), wire)
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
         self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
-        self.bounds = shard_bounds(self.spec.numel, rt.servers)
-        self._workers_comm = rt.group
-        self._rank = rt.group.rank
+        self.bounds = shard_bounds(self.spec.numel, comms.servers)
+        self._workers_comm = comms.group
+        self._rank = comms.group.rank
         if self._rank == 0:
-            for server in range(rt.servers):
-                rt.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
-        self.comm = rt.win_comm.Dup()
+            for server in range(comms.servers):
+                comms.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
+        self.comm = comms.win_comm.Dup()
         self._win = _Windows(self.comm, self.spec, None)
         self._win.lock_all()
-        self._versions = np.zeros(rt.servers, dtype=np.int64)   # version each shard had at the last pull
-        self.latest_versions = np.zeros(rt.servers, dtype=np.int64)  # newest version seen per shard
+        self._versions = np.zeros(comms.servers, dtype=np.int64)   # version each shard had at the last pull
+        self.latest_versions = np.zeros(comms.servers, dtype=np.int64)  # newest version seen per shard
         self._one = np.ones(1, dtype=np.int64)
-        self._fetched = np.zeros(rt.servers, dtype=np.int64)
-        self._hist_due = np.zeros((rt.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
+        self._fetched = np.zeros(comms.servers, dtype=np.int64)
+        self._hist_due = np.zeros((comms.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
         self._hist_pushes = 0
-        self._answers = np.zeros((rt.servers, R_LEN), dtype=np.float64)
-        self._headers = np.zeros((rt.servers, H_LEN), dtype=np.float64)
+        self._answers = np.zeros((comms.servers, R_LEN), dtype=np.float64)
+        self._headers = np.zeros((comms.servers, H_LEN), dtype=np.float64)
         self._pending: Optional[Pending] = None
         self._slice_cache: Dict = {}
         self._one_t = [self._one, MPI.INT64_T]
         # NO_OP reads ignore their origin buffer, but mpi4py wants one: empty, of the window's type
         self._no_int64 = [np.empty(0, dtype=np.int64), MPI.INT64_T]
         self.overlapped_reads = 0  # guarded pulls a server write overlapped (then read from a snapshot)
-        self._writing = np.zeros(rt.servers, dtype=np.int64)
-        self._writing_bufs = [[self._writing[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
-        self._read = np.zeros(rt.servers, dtype=np.int64)  # versions read by pull()
-        self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
-        self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(rt.servers)]
+        self._writing = np.zeros(comms.servers, dtype=np.int64)
+        self._writing_bufs = [[self._writing[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
+        self._read = np.zeros(comms.servers, dtype=np.int64)  # versions read by pull()
+        self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
+        self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
         from ..trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
 

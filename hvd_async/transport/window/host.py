@@ -195,14 +195,16 @@ class ShardHost:
         else:
             handled = budget
         if self.worker_timeout is not None:
-            self._watch()
+            waiting = self.program.waiting_on()
+            if waiting:
+                self._watch(waiting)
         return handled
 
-    def _watch(self) -> None:
+    def _watch(self, waiting) -> None:
         """Gradients wait for the aggregate (softsync, od-sgd): stop waiting for a worker that has sent
         nothing for ``worker_timeout`` seconds (it is waited for again from its next push)."""
         now = time.monotonic()
-        for worker in sorted(self.program.waiting_on()):
+        for worker in sorted(waiting):
             if worker not in self._set_aside and now - self._last_heard[worker] > self.worker_timeout:
                 logger.warning("server %d: worker %d sent nothing for %.0f s (--worker-timeout); the "
                                "update goes on without it", self.shard, worker, now - self._last_heard[worker])
