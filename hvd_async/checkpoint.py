@@ -33,6 +33,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from .checks import brief_error
+
 FORMAT_VERSION = 1
 _HEADER = "hvd_async_checkpoint"
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -88,14 +90,14 @@ def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[s
     try:
         f = open(path, "rb")
     except OSError as error:
-        raise CheckpointError(f"checkpoint {path} cannot be opened ({_brief(error)}); "
+        raise CheckpointError(f"checkpoint {path} cannot be opened ({brief_error(error)}); "
                               f"check the path and its permissions, or {_AGAIN}") from None
     with f:
         try:
             record = torch.load(f, map_location=map_location, weights_only=True)
         except Exception as error:  # damaged bytes raise many types: pickle, zip, EOF, OSError, RuntimeError
             raise CheckpointError(f"checkpoint {path} is truncated, corrupt or not a torch file "
-                                  f"({_brief(error)}); {_AGAIN}") from None
+                                  f"({brief_error(error)}); {_AGAIN}") from None
     if not isinstance(record, dict) or _HEADER not in record:
         raise CheckpointError(f"{path} is a torch file but not a hvd_async checkpoint (no header); "
                               f"write checkpoints with hvd_async.checkpoint.save, or {_AGAIN}")
@@ -238,9 +240,3 @@ def _describe(key: str, value: Any, other: Any) -> str:
 def _show(value: Any) -> str:
     text = repr(_plain(value))
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _brief(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = text if len(text) <= 100 else text[:97] + "..."
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

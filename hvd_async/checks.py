@@ -1,4 +1,5 @@
-"""Small checks shared by the modules: user input, and whether gradients hold NaN or infinity."""
+"""Small checks shared by the modules: user input, whether gradients hold NaN or infinity, and an
+exception put in a few words for a one-line error."""
 import math
 import numbers
 from typing import Sequence
@@ -34,3 +35,10 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     if bool(torch.isfinite(torch.stack([s.double() for s in sums]).sum())):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def brief_error(error: BaseException) -> str:
+    """An exception in a few words for a one-line error: its type and its text's first line (cut at 100)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = text if len(text) <= 100 else text[:97] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -146,5 +146,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     return command(argv[1:])
 
 
+def run() -> None:
+    """The ``hvd-async`` command: :func:`main`, then the process ends. After a command that succeeded
+    (its output flushed, its files closed) without the interpreter's teardown, which frees torch's
+    modules one by one (most of a second, more than many commands take); otherwise the normal exit."""
+    code = main()
+    if code != 0:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

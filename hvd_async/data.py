@@ -16,16 +16,10 @@ Every failure (unknown name, missing or malformed files, bad sizes) raises
 :class:`DataError` with one line that says what was wrong and what to do.
 """
 import os
-import pickle
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
-import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset, TensorDataset
-from torchvision import transforms
-from torchvision.datasets import CIFAR10, MNIST, ImageFolder
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from .checks import is_int_at_least
 
@@ -37,15 +31,7 @@ NUM_SYNTHETIC_CLASSES = 10
 # learns the classes within a few epochs.
 SYNTHETIC_NOISE = 3.0
 
-MNIST_FILES = {
-    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 CIFAR10_FOLDER = "cifar-10-batches-py"
-CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 _NEEDS = {  # what each dataset read from files needs in --data-dir
     "mnist": "a folder with the MNIST files (train-images-idx3-ubyte, ...)",
@@ -64,41 +50,6 @@ class DataSplits(NamedTuple):
     test: Dataset
     num_classes: int
     input_shape: Tuple[int, int, int]  # (channels, height, width) of one sample
-
-
-class _FolderMNIST(MNIST):
-    """MNIST read from the idx files in ``root`` itself (torchvision looks in root/MNIST/raw)."""
-
-    @property
-    def raw_folder(self) -> str:
-        return self.root
-
-
-class _FolderCIFAR10(CIFAR10):
-    """CIFAR-10 read from the batch files in ``root`` itself, without md5 checks."""
-
-    base_folder = ""
-
-    # torchvision compares each file's md5 with the official release's, so any
-    # other copy (e.g. the small files that tests write) is refused; checking
-    # that the files exist is enough here, and malformed files are caught and
-    # reported when they are read.
-    def _check_integrity(self) -> bool:
-        return not _missing(self.root, CIFAR10_FILES)
-
-    def _load_meta(self) -> None:  # the same as torchvision's, less the md5 check
-        with open(os.path.join(self.root, self.meta["filename"]), "rb") as infile:
-            self.classes = pickle.load(infile, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-
-
-def _load_rgb(path: str) -> Image.Image:
-    """ImageFolder's loader, failing with a DataError that names an unreadable image."""
-    try:
-        with open(path, "rb") as infile:
-            return Image.open(infile).convert("RGB")
-    except OSError as error:
-        raise DataError(f"{path} is not a readable image ({_brief(error)}); remove or replace it") from None
 
 
 def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
@@ -122,8 +73,28 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
     if not os.path.isdir(data_dir):
         raise DataError(f"data directory {data_dir} does not exist or is not a folder; "
                         f"point --data-dir at {_NEEDS[name]}")
-    loader = {"mnist": _mnist, "cifar10": _cifar10, "imagenet": _imagenet}[name]
-    return loader(data_dir, image_size)
+    from . import image_files  # torchvision: only jobs that read image files load it
+    return image_files.load(name, data_dir, image_size)
+
+
+def load_dataset_on(comm, name: str, data_dir: Optional[str] = None, *, seed: int = 0,
+                    image_size: Optional[int] = None) -> DataSplits:
+    """:func:`load_dataset` on every rank of the communicator ``comm`` (an mpi4py one). digits is read
+    on rank 0 and broadcast (0.5 MB, where each rank would otherwise import scikit-learn: about a
+    second of CPU each); the others are made (synthetic) or opened (the files) on every rank. A
+    DataError is raised on every rank alike."""
+    if name != "digits" or comm.size == 1:
+        return load_dataset(name, data_dir, seed=seed, image_size=image_size)
+    splits, error = None, None
+    if comm.rank == 0:
+        try:
+            splits = load_dataset(name, data_dir, seed=seed, image_size=image_size)
+        except DataError as exc:
+            error = exc
+    splits, error = comm.bcast((splits, error), root=0)
+    if error is not None:
+        raise error
+    return splits
 
 
 def _digits(seed: int) -> DataSplits:
@@ -156,133 +127,3 @@ def _synthetic(seed: int, size: int, samples: int) -> DataSplits:
         return TensorDataset(images, labels)
 
     return DataSplits(draw(samples), draw(samples // 4), NUM_SYNTHETIC_CLASSES, shape)
-
-
-def _image_transform(image_size: Optional[int], mean, std, crop: bool = False):
-    steps = []
-    if image_size is not None:
-        steps.append(transforms.Resize(image_size) if crop else transforms.Resize((image_size, image_size)))
-        if crop:
-            steps.append(transforms.CenterCrop(image_size))
-    steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
-    return transforms.Compose(steps)
-
-
-def _missing(folder: str, names) -> List[str]:
-    return [n for n in names if not os.path.isfile(os.path.join(folder, n))]
-
-
-def _mnist(data_dir: str, image_size: Optional[int]) -> DataSplits:
-    needed = MNIST_FILES[True] + MNIST_FILES[False]
-    candidates = [os.path.join(data_dir, "MNIST", "raw"), os.path.join(data_dir, "raw"), data_dir]
-    folder = next((c for c in candidates if not _missing(c, needed)), None)
-    if folder is None:
-        searched = next((c for c in candidates if os.path.isdir(c) and len(_missing(c, needed)) < 4),
-                        data_dir)
-        raise DataError(f"MNIST files missing in {searched}: {', '.join(_missing(searched, needed))}; "
-                        f"put the uncompressed idx files there or in {data_dir}/MNIST/raw")
-
-    transform = _image_transform(image_size, MNIST_MEAN, MNIST_STD)
-    splits = []
-    for train in (True, False):
-        try:
-            dataset = _FolderMNIST(folder, train=train, download=False, transform=transform)
-        except Exception as error:  # torchvision raises assorted errors on bad idx files
-            bad = _find_bad_file(folder, MNIST_FILES[train], (read_image_file, read_label_file))
-            raise DataError(f"{bad or folder} is not a valid MNIST idx file ({_brief(error)}); "
-                            f"replace it with the original uncompressed file") from None
-        if len(dataset.data) != len(dataset.targets):
-            images, labels = MNIST_FILES[train]
-            raise DataError(f"{os.path.join(folder, images)} has {len(dataset.data)} images but "
-                            f"{os.path.join(folder, labels)} has {len(dataset.targets)} labels; "
-                            f"the MNIST files do not belong together")
-        splits.append(dataset)
-    return DataSplits(splits[0], splits[1], 10, (1,) + (image_size or 28,) * 2)
-
-
-def _find_bad_file(folder: str, names, readers) -> Optional[str]:
-    """Return the path of the first file that its reader rejects, or None."""
-    for name, read in zip(names, readers):
-        path = os.path.join(folder, name)
-        try:
-            read(path)
-        except Exception:
-            return path
-    return None
-
-
-def _brief(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text and text[0] else type(error).__name__
-
-
-def _cifar10(data_dir: str, image_size: Optional[int]) -> DataSplits:
-    nested = os.path.join(data_dir, CIFAR10_FOLDER)
-    folder = nested if os.path.isdir(nested) else data_dir
-    missing = _missing(folder, CIFAR10_FILES)
-    if missing:
-        raise DataError(f"CIFAR-10 files missing in {folder}: {', '.join(missing)}; "
-                        f"extract cifar-10-python.tar.gz so that {nested} holds them")
-
-    transform = _image_transform(image_size, CIFAR10_MEAN, CIFAR10_STD)
-    splits = []
-    for train in (True, False):
-        try:
-            dataset = _FolderCIFAR10(folder, train=train, download=False, transform=transform)
-        except Exception as error:  # unpickling errors, missing keys, wrong array sizes
-            bad = _find_bad_cifar_file(folder, train)
-            raise DataError(f"{bad or folder} is not a valid CIFAR-10 file ({_brief(error)}); "
-                            f"replace it with the file from cifar-10-python.tar.gz") from None
-        if len(dataset.data) != len(dataset.targets):
-            raise DataError(f"CIFAR-10 batches in {folder} hold {len(dataset.data)} images but "
-                            f"{len(dataset.targets)} labels; replace them with the original files")
-        splits.append(dataset)
-    return DataSplits(splits[0], splits[1], len(splits[0].classes), (3,) + (image_size or 32,) * 2)
-
-
-def _find_bad_cifar_file(folder: str, train: bool) -> Optional[str]:
-    """Return the path of the first CIFAR-10 file of a split that cannot be used, or None."""
-    batches = CIFAR10_FILES[:5] if train else CIFAR10_FILES[5:6]
-    for name in batches + ("batches.meta",):
-        path = os.path.join(folder, name)
-        try:
-            with open(path, "rb") as infile:
-                entry = pickle.load(infile, encoding="latin1")
-            if name == "batches.meta":
-                entry["label_names"]
-            else:
-                np.asarray(entry["data"]).reshape(-1, 3, 32, 32)
-                entry["labels"] if "labels" in entry else entry["fine_labels"]
-        except Exception:
-            return path
-    return None
-
-
-def _imagenet(data_dir: str, image_size: Optional[int]) -> DataSplits:
-    classes = {}
-    for split in ("train", "val"):
-        folder = os.path.join(data_dir, split)
-        if not os.path.isdir(folder):
-            raise DataError(f"ImageNet folder {folder} is missing; {data_dir} needs "
-                            f"train/<class>/ and val/<class>/ image folders")
-        classes[split] = sorted(e.name for e in os.scandir(folder) if e.is_dir())
-        if not classes[split]:
-            raise DataError(f"{folder} has no class folders; put the images in {folder}/<class>/")
-    if classes["train"] != classes["val"]:
-        only_train = sorted(set(classes["train"]) - set(classes["val"]))
-        only_val = sorted(set(classes["val"]) - set(classes["train"]))
-        raise DataError(f"class folders of {data_dir}/train and {data_dir}/val differ "
-                        f"(only in train: {', '.join(only_train) or 'none'}; only in val: "
-                        f"{', '.join(only_val) or 'none'}); give val/ the same class folders")
-
-    size = image_size or 224
-    transform = _image_transform(size, IMAGENET_MEAN, IMAGENET_STD, crop=True)
-    splits = []
-    for split in ("train", "val"):
-        folder = os.path.join(data_dir, split)
-        try:
-            splits.append(ImageFolder(folder, transform=transform, loader=_load_rgb))
-        except FileNotFoundError as error:  # a class folder without any image file
-            raise DataError(f"no images found under {folder} ({_brief(error)}); "
-                            f"every class folder needs image files (.JPEG, .png, ...)") from None
-    return DataSplits(splits[0], splits[1], len(classes["train"]), (3, size, size))

@@ -192,6 +192,31 @@ def main(argv, train_worker) -> int:
     return 0
 
 
+def exit_process(code: int) -> None:
+    """End this rank's process with ``code``. After a run that went to its end (status 0: results
+    written, files closed, the servers told) Horovod is stopped and MPI finalized here, and the process
+    ends without the interpreter's teardown, which frees torch's modules one by one: about 1.5 s of
+    every rank's CPU on a 2-core machine, more than a short job trains. Any other status: the normal
+    exit (its atexit handlers flush and close whatever the failure left open)."""
+    if code != 0:
+        sys.exit(code)
+    import logging
+
+    import horovod.torch as hvd
+    from mpi4py import MPI
+
+    import hvd_async as ha
+
+    ha.shutdown()
+    hvd.shutdown()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(0)
+
+
 def _abort_after(world, seconds: float, code: int) -> None:
     """End the whole job with ``code`` (MPI_Abort), after giving the others ``seconds`` to report."""
     sys.stdout.flush()

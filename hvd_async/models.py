@@ -14,7 +14,6 @@ pretrained weights are ever loaded.
 from typing import Tuple
 
 from torch import nn
-from torchvision.models import resnet18, resnet50
 
 from .checks import is_int_at_least
 
@@ -63,7 +62,9 @@ def build_model(name: str, input_shape: Tuple[int, int, int], num_classes: int) 
 
 
 def _resnet(name: str, channels: int, height: int, num_classes: int) -> nn.Module:
-    model = {"resnet18": resnet18, "resnet50": resnet50}[name](weights=None, num_classes=num_classes)
+    import torchvision.models  # here, not at the top: jobs with the small models never load torchvision
+
+    model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
     if height <= SMALL_INPUT:
         model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()

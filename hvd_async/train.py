@@ -72,8 +72,8 @@ class _Job:
         self.comm = ha.worker_comm()
         self.reporter = rank == 0
         torch.manual_seed(args.seed)
-        self.splits = splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed,
-                                                 image_size=args.image_size)
+        self.splits = splits = data.load_dataset_on(self.comm, args.dataset, args.data_dir, seed=args.seed,
+                                                    image_size=args.image_size)
         self.model = model = models.build_model(args.model, splits.input_shape, splits.num_classes)
         self.device = _device(args.device, ha)
         model.to(self.device)
@@ -429,4 +429,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .job_process import exit_process
+
+    exit_process(main())

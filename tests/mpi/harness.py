@@ -1,11 +1,13 @@
 """The driver of the check scripts run under mpirun (ps_checks.py, odsgd_checks.py): servers serve
 and print what they hosted; workers run the named checks in order (all when none is named), and a
-failing check aborts the whole job so no rank is left waiting."""
+failing check aborts the whole job so no rank is left waiting. A rank that finished ends its process
+with ``exit_process(0)`` (MPI finalized, no interpreter teardown: most of a second a rank)."""
 import os
 import sys
 import traceback
 
 import hvd_async as ha
+from hvd_async.job_process import exit_process
 
 
 def say(line: str) -> None:
@@ -28,7 +30,7 @@ def main(checks, names, banner: str) -> None:
             say(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
                 f"skipped={s.skipped_nonfinite}")
         say(f"SERVER {ha.world_rank()} DONE order={report.workers_done}")
-        return
+        exit_process(0)
     try:
         for name in names or checks:
             checks[name]()
@@ -43,3 +45,4 @@ def main(checks, names, banner: str) -> None:
     ha.shutdown()
     if ha.rank() == 0:
         say(f"{banner} {' '.join(names or checks)}")
+    exit_process(0)

@@ -2,18 +2,50 @@
 import os
 import pickle
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from datafiles import COLOURS, write_cifar, write_idx, write_imagenet, write_mnist
-from hvd_async.data import DATASETS, DataError, DataSplits, load_dataset
+from hvd_async.data import DATASETS, DataError, DataSplits, load_dataset, load_dataset_on
 
 MNIST_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+# ---------------------------------------------------------------- what a rank loads
+
+def test_a_rank_starts_without_torchvision_or_scikit_learn():
+    """Every rank of every job imports the job's modules: torchvision (the file datasets, the ResNets)
+    and scikit-learn (digits, read on one rank) cost about a second of CPU each, so they stay out."""
+    code = ("import sys, hvd_async.train, hvd_async.job_process, hvd_async.models; "
+            "print(sorted(m for m in ('torchvision', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+class _Comm:
+    """The part of an mpi4py communicator load_dataset_on uses, for one of ``size`` ranks."""
+
+    def __init__(self, rank, size, sent=None):
+        self.rank, self.size, self.sent = rank, size, sent
+
+    def bcast(self, obj, root=0):
+        return obj if self.rank == root else self.sent
+
+
+def test_digits_is_read_on_one_rank_and_sent_to_the_others():
+    sent = load_dataset_on(_Comm(0, 3), "digits", seed=4)  # rank 0 reads
+    assert torch.equal(sent.train.tensors[0], load_dataset("digits", seed=4).train.tensors[0])
+    splits = load_dataset_on(_Comm(2, 3, sent=(sent, None)), "digits", seed=4)
+    assert splits is sent  # rank 2 read nothing: it took what rank 0 broadcast
+    with pytest.raises(DataError, match="bad things"):
+        load_dataset_on(_Comm(1, 3, sent=(None, DataError("bad things"))), "digits")
 
 
 # ---------------------------------------------------------------- digits
