@@ -1,6 +1,7 @@
 """What every benchmark script shares: relaunching itself under mpirun, running the training job,
 and writing its JSON (with its provenance: commit, tree state, machine, versions, command, date)
 and plot."""
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -173,6 +174,17 @@ def warn_dirty(prov: dict, out: str) -> None:
     print(f"{bar}\n!! WARNING: {out} was written from a tree that is NOT its commit "
           f"({str(prov['commit'])[:10]}): {files}\n!! Its figures cannot be quoted: commit the change, "
           f"then rerun:\n!!   {prov['command']}\n{bar}", file=sys.stderr, flush=True)
+
+
+SIZE_UNITS = {"KB": 1024, "MB": 1024 ** 2}
+
+
+def parse_size(text: str) -> int:
+    """``256KB``, ``4MB``: a buffer size in bytes (argparse's ``type``; a clear error otherwise)."""
+    for unit, factor in SIZE_UNITS.items():
+        if text.upper().endswith(unit) and text[:-2].isdigit():
+            return int(text[:-2]) * factor
+    raise argparse.ArgumentTypeError(f"size {text!r} must look like 256KB or 4MB")
 
 
 def spread(values) -> dict:

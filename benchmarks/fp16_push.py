@@ -16,17 +16,9 @@ import statistics
 import sys
 import time
 
-from common import HERE, pyplot, relaunch, save, spread, under_mpirun
+from common import HERE, parse_size, pyplot, relaunch, save, spread, under_mpirun
 
 SIZES = ["1MB", "4MB", "16MB"]
-UNITS = {"KB": 1024, "MB": 1024 ** 2}
-
-
-def parse_size(text: str) -> int:
-    for unit, factor in UNITS.items():
-        if text.upper().endswith(unit) and text[:-2].isdigit():
-            return int(text[:-2]) * factor
-    raise argparse.ArgumentTypeError(f"size {text!r} must look like 256KB or 4MB")
 
 
 def parse_args(argv=None):

@@ -25,20 +25,13 @@ import subprocess
 import sys
 import time
 
-from common import HERE, ROOT, apply_quick, program, quick_help, relaunch, save, spread, under_mpirun
+from common import (HERE, ROOT, apply_quick, parse_size, program, quick_help, relaunch, save, spread,
+                    under_mpirun)
 
 SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 QUICK = {"sizes": "1KB,1MB,4MB", "seconds": 0.1}  # --quick: the sizes the targets name, shorter blocks
-UNITS = {"KB": 1024, "MB": 1024 ** 2}
 NETNS_TOOL = os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster")
 NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}
-
-
-def parse_size(text: str) -> int:
-    for unit, factor in UNITS.items():
-        if text.upper().endswith(unit) and text[:-2].isdigit():
-            return int(text[:-2]) * factor
-    raise argparse.ArgumentTypeError(f"size {text!r} must look like 64KB or 4MB")
 
 
 def parse_args(argv=None):

@@ -246,7 +246,7 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
                          f"the job: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         _abort(1)
         raise
-    rt.finished = True
+    shutdown()  # this server is done: it frees the runtime's communicators
     return report
 
 
@@ -263,6 +263,9 @@ class Comms(NamedTuple):
 def comms(what: str = "a transport") -> Comms:
     """This worker's :class:`Comms` (``what``: who asks, named in the error on a server rank)."""
     rt = _worker_runtime(what)
+    if rt.finished:
+        raise RuntimeError(f"{what} cannot start: hvd_async.shutdown() has run on this worker (its "
+                           f"communicators are freed); build transports and optimizers before it")
     return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers)
 
 
@@ -277,8 +280,8 @@ def _unregister_transport(transport) -> None:
 
 
 def shutdown() -> None:
-    """Close the transports this worker's optimizers built and left open, and tell every server it has finished
-    (idempotent; also runs at interpreter exit)."""
+    """Close the transports this worker's optimizers built and left open, tell every server it has finished,
+    and free the runtime's communicators (idempotent; also runs at interpreter exit)."""
     rt = _rt
     if rt is None or rt.finished:
         return
@@ -288,3 +291,7 @@ def shutdown() -> None:
             transport.close()
         for dest in server_ranks():
             rt.ctrl.send(None, dest=dest, tag=server.TAG_DONE)
+    # the runtime's duplicates of the world (freeing is local in effect: a rank that never gets here,
+    # a dropped worker, holds no one up); the workers' group stays, Horovod may still run over it
+    rt.ctrl.Free()
+    rt.win_comm.Free()

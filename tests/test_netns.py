@@ -4,6 +4,8 @@ Uses ../shared/tools/netns-cluster (override with HVD_ASYNC_NETNS_TOOL). Skips, 
 where the tool is absent or the machine refuses network namespaces (needs root and iproute2); in CI
 (``CI=true``, where both are there) that reason is a failure instead: a cross-host check that
 silently became a skip would pass for one.
+
+Marker ``cluster``: ``make test`` leaves these out, ``make test-cluster`` runs them, and CI runs both.
 """
 import json
 import os
@@ -17,6 +19,7 @@ from procs import ROOT, python, run
 TOOL = os.environ.get("HVD_ASYNC_NETNS_TOOL",
                       os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster"))
 ENV = {"NETNS_PREFIX": "hvdci", "NETNS_SUBNET": "10.78.0"}  # apart from a developer's own cluster
+pytestmark = pytest.mark.cluster
 
 
 def _cannot(reason: str) -> None:

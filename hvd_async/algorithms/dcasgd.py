@@ -90,7 +90,7 @@ class DCProgram(MailboxProgram):
         self.state["backup"] = self.host.outbox
         self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
 
-    def compensated(self, worker, grad, header) -> torch.Tensor:
+    def compensated(self, worker, grad, payload) -> torch.Tensor:
         return self.rule.compensated(self.host.weights, grad, self.state, worker)
 
     def state_dict(self) -> Dict:
@@ -111,13 +111,13 @@ class DCProgram(MailboxProgram):
                 predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
                 predictor.load_state_dict(saved)
 
-    def on_push(self, worker, grad, header) -> None:
+    def on_push(self, worker, grad, payload) -> None:
         staleness = self.staleness(worker)
-        step = self.compensated(worker, grad, header)
+        step = self.compensated(worker, grad, payload)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
         self.host.add_sums(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
-        self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(header))
+        self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(payload))
         self.host.bump([staleness])
         self.snapshot(worker)
-        self.host.answer(worker, staleness, W.STATUS_APPLIED)
+        self.host.answer(worker, staleness, W.Status.APPLIED)
 

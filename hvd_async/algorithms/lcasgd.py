@@ -99,8 +99,8 @@ class LCProgram(DCProgram):
         MailboxProgram.__init__(self, host)
         self.setup(LCRule(**options))
 
-    def compensated(self, worker, grad, header) -> torch.Tensor:
-        loss = float(header[F_LOSS])
+    def compensated(self, worker, grad, payload) -> torch.Tensor:
+        loss = float(payload[F_LOSS])
         self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=self.held[worker])

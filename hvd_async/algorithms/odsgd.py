@@ -112,16 +112,16 @@ class _ServerExchange:
     def begin(self) -> None:
         self.transport.publish_(self.model.flat)
 
-    def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
+    def start(self, grad: Optional[torch.Tensor], payload: Dict[int, float]) -> None:
         if grad is not None:
             self.send.copy_(grad)
-            self.future = self.thread.submit(self._exchange, header)
+            self.future = self.thread.submit(self._exchange, payload)
 
-    def _exchange(self, header):
+    def _exchange(self, payload):
         """On the thread: push, wait for the global step, read it from the weights window. Without
         a worker timeout the weights cannot move again before this worker's next gradient is in; with
         one the servers may go on without this worker while it reads, hence the guarded read."""
-        answers = self.transport.request_async(W.KIND_PUSH, grad=self.send, header=header).wait()
+        answers = self.transport.request_async(W.Kind.PUSH, grad=self.send, payload=payload).wait()
         self.transport.pull(self.recv, guarded=True)
         return answers
 
@@ -129,7 +129,7 @@ class _ServerExchange:
         """Wait for the exchange in flight (``global_w`` then holds the newer global step)."""
         if self.future is not None:
             answers, self.future = self.future.result(), None
-            self.pushes = int(answers[0, W.R_PUSHES])
+            self.pushes = answers.pushes
             self.global_w, self.recv = self.recv, self.global_w  # a swap: no copy while the step waits
 
     def snapshot(self) -> None:
@@ -170,13 +170,13 @@ class _AllreduceExchange:
     def begin(self) -> None:
         self.transport.broadcast_(self.model.flat, root=0, name="od-sgd.init")
 
-    def start(self, grad: Optional[torch.Tensor], header: Dict[int, float]) -> None:
+    def start(self, grad: Optional[torch.Tensor], payload: Dict[int, float]) -> None:
         if grad is None:
             self.buffer.zero_()
         else:
             self.buffer[:-1].copy_(grad)
             self.buffer[-1] = 1.0
-        self.hyper = header
+        self.hyper = payload
         self.handle = self.transport.allreduce_async_(self.buffer, name="od-sgd.grad", op=ReduceOp.SUM)
 
     def finish(self) -> None:
@@ -321,13 +321,13 @@ class ODSGD(Strategy):
                 loss = closure()
         grad = finite_grads(self, self.model, "not exchanged")
         finite = grad is not None
-        header = server_sgd_hyper(self.name, self.optimizer)
+        payload = server_sgd_hyper(self.name, self.optimizer)
         if loss is not None:
-            header[F_LOSS] = float(loss)
+            payload[F_LOSS] = float(loss)
         start = self.clock()
         self.exchange.finish()  # w_g(t) is now in global_w
         self.wait_seconds += self.clock() - start
-        self.exchange.start(grad, header)
+        self.exchange.start(grad, payload)
         if finite:
             self.hist[0 if self.fresh else 1] += 1
             self.fresh = False

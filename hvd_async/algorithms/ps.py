@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 # A push's payload as the family's strategies write it and their server programs read it (the
 # window transport carries these fields without knowing them)
-F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS = range(W.H_PAYLOAD, W.H_PAYLOAD + 5)
+F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS = range(5)
 
 
 def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
@@ -88,12 +88,12 @@ def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
     Each worker first tells the servers it is idle (so a synchronous rule does not wait for its
     gradient), then receives a snapshot (which also becomes its dc-asgd backup), calls
     ``while_idle()`` if given (no worker pushes meanwhile), then resumes."""
-    transport.request_async(W.KIND_IDLE).wait()
+    transport.request_async(W.Kind.IDLE).wait()
     transport.barrier()
-    transport.request_async(W.KIND_PULL, out=flat).wait()
+    transport.request_async(W.Kind.PULL, out=flat).wait()
     if while_idle is not None:
         while_idle()
-    transport.request_async(W.KIND_RESUME).wait()
+    transport.request_async(W.Kind.RESUME).wait()
     transport.barrier()
 
 
@@ -252,18 +252,17 @@ class MailboxStrategy(PSStrategy):
         return server_sgd_hyper(cls.name, optimizer)
 
     def _exchange(self, grad, loss) -> None:
-        header = self.hyper(self.optimizer)
-        header[F_LR] *= self._scale
+        payload = self.hyper(self.optimizer)
+        payload[F_LR] *= self._scale
         if loss is not None:
-            header[F_LOSS] = float(loss)
-        answers = self.transport.push(grad, self.model.flat, header)
+            payload[F_LOSS] = float(loss)
+        answers = self.transport.push(grad, self.model.flat, payload)
         self.model.load_params()
-        applied = answers[:, W.R_STATUS] == W.STATUS_APPLIED
-        if applied.all():
-            self._record(answers[:, W.R_STALENESS])
+        if answers.all(W.Status.APPLIED):
+            self._record(answers.staleness)
         else:
             self.skipped_nonfinite += 1
-        self.global_pushes = int(answers[0, W.R_PUSHES])
+        self.global_pushes = answers.pushes
 
     def load_global_model(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""
@@ -308,13 +307,13 @@ class MailboxProgram(W.ServerProgram):
     def staleness(self, worker: int) -> int:
         return self.host.version - self.held[worker]
 
-    def on_request(self, worker: int, header: np.ndarray) -> None:
+    def on_request(self, worker: int, request: W.Request) -> None:
         if not self.started:  # every worker starts from the published weights, version 0
             for m in range(self.host.spec.workers):
                 self.snapshot(m)
             self.started = True
-        kind = int(header[W.H_KIND])
-        if kind == W.KIND_PUSH:
+        kind = request.kind
+        if kind is W.Kind.PUSH:
             self.active.add(worker)
             grad = self.host.inbox[worker]
             if not all_finite([grad]):
@@ -322,18 +321,16 @@ class MailboxProgram(W.ServerProgram):
                 logger.warning("server %d: non-finite gradient from worker %d skipped (%d so far)",
                                self.host.shard, worker, self.host.skipped_nonfinite)
                 self.snapshot(worker)
-                self.host.answer(worker, 0, W.STATUS_SKIPPED)
+                self.host.answer(worker, 0, W.Status.SKIPPED)
                 return
-            self.on_push(worker, grad, header)
-        elif kind == W.KIND_PULL:
+            self.on_push(worker, grad, request.payload)
+        elif kind is W.Kind.PULL:
             self.snapshot(worker)
-            self.host.answer(worker, 0, W.STATUS_SNAPSHOT)
-        elif kind == W.KIND_IDLE:
+            self.host.answer(worker, 0, W.Status.SNAPSHOT)
+        elif kind is W.Kind.IDLE:
             self.on_leave(worker)
-        elif kind == W.KIND_RESUME:
+        else:  # Kind.RESUME (Request.decode refuses kinds that are none of these)
             self.active.add(worker)
-        else:
-            raise RuntimeError(f"server {self.host.shard}: unknown request kind {kind} from worker {worker}")
 
     def state_dict(self) -> Dict:
         """What the program keeps besides the windows (a checkpoint holds it; see ShardHost)."""
@@ -346,11 +343,11 @@ class MailboxProgram(W.ServerProgram):
         self.active = set(int(m) for m in state["active"])
         self.sgd_state = tensors_copy(state["sgd_state"])
 
-    def step_kwargs(self, header) -> Dict:
-        return {"lr": float(header[F_LR]), "momentum": float(header[F_MOMENTUM]),
-                "weight_decay": float(header[F_WEIGHT_DECAY]), "nesterov": bool(header[F_NESTEROV])}
+    def step_kwargs(self, payload) -> Dict:
+        return {"lr": float(payload[F_LR]), "momentum": float(payload[F_MOMENTUM]),
+                "weight_decay": float(payload[F_WEIGHT_DECAY]), "nesterov": bool(payload[F_NESTEROV])}
 
-    def on_push(self, worker, grad, header) -> None:
+    def on_push(self, worker, grad, payload) -> None:
         raise NotImplementedError
 
     def on_leave(self, worker) -> None:

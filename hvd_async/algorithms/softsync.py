@@ -111,8 +111,8 @@ class SoftSyncProgram(MailboxProgram):
         # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
         self.momentum = [{} for _ in range(host.spec.workers)] if momentum == "per-worker" else None
 
-    def on_push(self, worker, grad, header) -> None:
-        self.pending.append((worker, header))
+    def on_push(self, worker, grad, payload) -> None:
+        self.pending.append((worker, payload))
         self.maybe_apply()
 
     def waiting_on(self):
@@ -150,8 +150,8 @@ class SoftSyncProgram(MailboxProgram):
             self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
         else:
             directions = []
-            for m, header in self.pending:
-                kwargs = self.step_kwargs(header)
+            for m, payload in self.pending:
+                kwargs = self.step_kwargs(payload)
                 del kwargs["lr"]
                 directions.append(self.sgd.direction(self.host.weights, self.host.inbox[m], self.momentum[m], **kwargs))
             staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
@@ -160,5 +160,5 @@ class SoftSyncProgram(MailboxProgram):
         self.pending = []
         for m, s in zip(workers, staleness):
             self.snapshot(m, copy=self.outbox_on_push)
-            self.host.answer(m, s, W.STATUS_APPLIED)
+            self.host.answer(m, s, W.Status.APPLIED)
 

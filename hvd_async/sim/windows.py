@@ -268,43 +268,41 @@ class SimWindowTransport(W.WindowTransport):
             self.script.unmatched += 1
 
     # --- mailbox ------------------------------------------------------------------------------
-    def request_async(self, kind: int, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-                      header: Optional[Dict[int, float]] = None) -> W.Pending:
+    def request_async(self, kind: W.Kind, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                      payload: Optional[Dict[int, float]] = None) -> W.Pending:
         self._check_idle()
         if self.spec.mode != "mailbox":
             raise RuntimeError(f"{self.spec.algorithm!r} adds deltas into the weights directly: use accumulate()")
-        answered = kind in (W.KIND_PUSH, W.KIND_PULL)
-        grads = self._parts(grad) if kind == W.KIND_PUSH else [(host, None) for host in self.hosts]
+        answered = kind.answered
+        grads = self._parts(grad) if kind is W.Kind.PUSH else [(host, None) for host in self.hosts]
         outs = self._parts(out) if answered and out is not None else []
         self.net.exchange(self._rank)
         me = self._rank
         for k, (host, part) in enumerate(grads):
             if part is not None:
                 host.inbox[me].copy_(part)
-            request = np.zeros(W.H_LEN, dtype=np.float64)
-            request[W.H_KIND] = kind
-            for key, value in (header or {}).items():
-                request[key] = value
+            header = np.zeros(W.H_LEN, dtype=np.float64)
+            W.encode_request(header, kind, payload)
             host.answers.pop(me, None)
-            host.program.on_request(me, request)
+            host.program.on_request(me, W.Request.decode(header, k, me))
 
         def finish():
             if not answered:
                 return None
             self.net.sched.wait_until(me, lambda: all(me in host.answers for host in self.hosts),
                                       "the servers' answer")
-            answers = np.stack([host.answers.pop(me) for host in self.hosts])
+            answers = W.Answers(np.stack([host.answers.pop(me) for host in self.hosts]))
             for host, part in outs:
                 part.copy_(host.outbox[me])
-            self._versions[:] = answers[:, W.R_VERSION].astype(np.int64)
+            self._versions[:] = answers.versions
             np.maximum(self.latest_versions, self._versions, out=self.latest_versions)
             return answers
 
         self._pending = W.Pending(finish)
         return self._pending
 
-    def push(self, grad: torch.Tensor, out: torch.Tensor, header: Dict[int, float]) -> np.ndarray:
-        return self.request_async(W.KIND_PUSH, grad=grad, out=out, header=header).wait()
+    def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> W.Answers:
+        return self.request_async(W.Kind.PUSH, grad=grad, out=out, payload=payload).wait()
 
     # --- checkpoints: the shards' state, as the real servers give and take it -------------------
     def server_state(self) -> List[Dict]:

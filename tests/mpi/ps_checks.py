@@ -65,12 +65,12 @@ def no_lost_update():
                 elif i % 10 == 5:
                     t.pull_async(flat).wait()
             elif i % 2:
-                answers = t.request_async(W.KIND_PUSH, grad=g, out=flat, header={F_LR: 1.0}).wait()
+                answers = t.request_async(W.Kind.PUSH, grad=g, out=flat, payload={F_LR: 1.0}).wait()
             else:
                 answers = t.push(g, flat, {F_LR: 1.0})
             if mode == "mailbox":
-                check((answers[:, W.R_STATUS] == W.STATUS_APPLIED).all(), f"{algorithm}: push refused")
-                staleness, versions = answers[:, W.R_STALENESS].astype(int), answers[:, W.R_VERSION]
+                check(answers.all(W.Status.APPLIED), f"{algorithm}: push refused")
+                staleness, versions = answers.staleness, answers.versions
             check((versions > last).all(), f"{algorithm}: versions went {last} -> {versions}")
             last = versions
             for k, s in enumerate(staleness):
@@ -289,7 +289,7 @@ def nonfinite():
     flat = init.clone()
     t.publish_(flat)
     answers = t.push(torch.full((numel,), float("inf")), flat, {F_LR: 1.0})
-    check((answers[:, W.R_STATUS] == W.STATUS_SKIPPED).all(), "server applied an infinite gradient")
+    check(answers.all(W.Status.SKIPPED), "server applied an infinite gradient")
     check(torch.equal(flat, init), "an infinite gradient reached the weights")
     t.barrier()
     t.close()
@@ -347,7 +347,7 @@ def shutdown():
         say(f"EARLY WORKER {rank} CLOSED")
     else:
         stayers.Barrier()
-        t.request_async(W.KIND_PULL, out=flat).wait()
+        t.request_async(W.Kind.PULL, out=flat).wait()
         check(np.array_equal(flat.double().numpy(), integer_init().double().numpy() - total),
               "updates were lost around the early worker's exit")
         stayers.Barrier()

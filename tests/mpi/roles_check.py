@@ -38,5 +38,7 @@ else:
     total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)  # servers never join worker collectives
     assert int(total) == ha.size()
     time.sleep(0.3 * ha.rank())
-    ha.shutdown()
+ha.shutdown()  # (a server's is left to this; idempotent on the workers)
+rt = ha.runtime._rt
+assert rt.ctrl == MPI.COMM_NULL and rt.win_comm == MPI.COMM_NULL, "shutdown() must free the runtime's communicators"
 print(f"ROLES OK rank {world.rank}", flush=True)

@@ -42,9 +42,9 @@ class FakeHost:
 
 
 def header(lr=0.1, momentum=0.9, weight_decay=0.01):
-    h = np.zeros(W.H_LEN, dtype=np.float64)
-    h[W.H_KIND], h[F_LR], h[F_MOMENTUM], h[F_WEIGHT_DECAY] = W.KIND_PUSH, lr, momentum, weight_decay
-    return h
+    h = np.zeros(W.H_LEN, dtype=np.float64)  # as a worker encodes it, as the host decodes it
+    W.encode_request(h, W.Kind.PUSH, {F_LR: lr, F_MOMENTUM: momentum, F_WEIGHT_DECAY: weight_decay})
+    return W.Request.decode(h, 0, 0)
 
 
 def push(program, worker, grad):

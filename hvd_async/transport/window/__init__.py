@@ -13,11 +13,12 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
   the counter and the values stand for is the algorithm's (dc-asgd's compensation norms, dbs-asgd's
   batch cursor and speed table): the transport names no learning quantity;
 - mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
-  gradient into its inbox slot, flushes, and sends the server a small header message (the request's
-  kind and a payload of ``PAYLOAD_LEN`` floats whose fields the algorithm defines); the server
-  applies its rule, writes the weights it wants the worker to continue from into the worker's
-  outbox slot (dc-asgd keeps them there as that worker's backup ``w_bak(m)``) and answers with
-  ``[version, staleness, pushes, status]``; the worker then gets its outbox slot.
+  gradient into its inbox slot, flushes, and sends the server a small header message (a
+  :class:`Request`: its :class:`Kind` and a payload of ``PAYLOAD_LEN`` floats whose fields the
+  algorithm defines); the server program applies its rule, writes the weights it wants the worker
+  to continue from into the worker's outbox slot (dc-asgd keeps them there as that worker's backup
+  ``w_bak(m)``) and answers with the version, the staleness, the pushes and a :class:`Status`
+  (the worker reads them as :class:`Answers`); the worker then gets its outbox slot.
 
 Two modes:
 
@@ -56,7 +57,7 @@ global step, which its workers read from the weights window after the answer, an
 brackets each write with :meth:`ShardHost.writing_weights`: ``META_WRITING`` holds the version
 being written while the weights change and the current version otherwise. ``pull(guarded=True)``
 reads the weights, then ``META_WRITING``: if it is no longer the version this worker was answered,
-a write overlapped the read, and the worker asks its server for a copy (``KIND_PULL``, into its
+a write overlapped the read, and the worker asks its server for a copy (``Kind.PULL``, into its
 outbox slot) instead.
 
 Across hosts a passive-target operation completes only when the target calls into MPI: the server
@@ -66,5 +67,5 @@ opening fails with a message that says so when the default one cannot create the
 """
 from .client import WindowTransport  # noqa: F401
 from .host import ServerProgram, ShardHost  # noqa: F401
-from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LEN, W.KIND_PUSH, ...)
+from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LEN, W.Kind, W.Request, ...)
 from .layout import _pushes  # noqa: F401  (the simulator's shard host counts as the real one does)

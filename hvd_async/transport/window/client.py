@@ -8,9 +8,9 @@ import torch
 
 from ..base import Transport
 from .counters import MetaAccess
-from .layout import (HIST_BINS, HIST_EVERY, H_KIND, H_LEN, KIND_PULL, KIND_PUSH, META_HIST,
-                     META_VERSION, META_WRITING, MODES, R_LEN, R_VERSION, TAG_ANSWER, TAG_CLOSE, TAG_OPEN,
-                     TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Pending, WindowSpec, _Windows, shard_bounds)
+from .layout import (HIST_BINS, HIST_EVERY, H_LEN, META_HIST, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
+                     TAG_CLOSE, TAG_OPEN, TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Answers, Kind, Pending,
+                     WindowSpec, _Windows, encode_request, shard_bounds)
 
 
 class WindowTransport(MetaAccess, Transport):
@@ -187,7 +187,7 @@ class WindowTransport(MetaAccess, Transport):
 
         ``guarded`` (mailbox mode, right after an answer, against servers that rewrite the weights
         in place: see the module docstring): the read is checked against ``META_WRITING``; when a
-        server's write overlapped it, the weights come from a snapshot (``KIND_PULL``) instead, and
+        server's write overlapped it, the weights come from a snapshot (``Kind.PULL``) instead, and
         ``overlapped_reads`` counts it. Returns the versions of what ``flat`` then holds."""
         if guarded:
             return self._pull_guarded(flat)
@@ -226,7 +226,7 @@ class WindowTransport(MetaAccess, Transport):
             read = answered
         else:  # a write overlapped (or may have: a server marks before it knows it will write)
             self.overlapped_reads += 1
-            self.request_async(KIND_PULL, out=flat).wait()  # sets self._versions
+            self.request_async(Kind.PULL, out=flat).wait()  # sets self._versions
             read = self._versions.copy()
         self._versions[:] = read
         np.maximum(self.latest_versions, read, out=self.latest_versions)
@@ -295,25 +295,25 @@ class WindowTransport(MetaAccess, Transport):
         return self._count_push()
 
     # --- mailbox ------------------------------------------------------------------------------
-    def request_async(self, kind: int, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-                      header: Optional[Dict[int, float]] = None) -> Pending:
+    def request_async(self, kind: Kind, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                      payload: Optional[Dict[int, float]] = None) -> Pending:
         """Send a mailbox request to every shard's server (mailbox mode).
 
-        ``KIND_PUSH`` puts ``grad`` into this worker's inbox slots first; ``KIND_PUSH`` and
-        ``KIND_PULL`` are answered, and ``wait()`` then gets the weights the server left in this
-        worker's outbox slots into ``out`` (unless ``out`` is None) and returns the answers (one
-        row per shard, columns ``R_*``). ``KIND_IDLE`` / ``KIND_RESUME`` (this worker stops / starts
-        pushing for a while, so a server that waits for every worker need not wait for it) are not
-        answered. ``header``: the payload, ``{index: value}`` with indices from ``H_PAYLOAD`` to
-        ``H_LEN - 1``, whose meaning the algorithm's strategy and server program agree on (the
-        transport only carries it); unset fields are 0.
+        ``Kind.PUSH`` puts ``grad`` into this worker's inbox slots first; ``Kind.PUSH`` and
+        ``Kind.PULL`` are answered, and ``wait()`` then gets the weights the server left in this
+        worker's outbox slots into ``out`` (unless ``out`` is None) and returns the
+        :class:`Answers`. ``Kind.IDLE`` / ``Kind.RESUME`` (this worker stops / starts pushing for a
+        while, so a server that waits for every worker need not wait for it) are not answered.
+        ``payload``: ``{field: value}`` with fields from 0 to ``PAYLOAD_LEN - 1``, whose meaning the
+        algorithm's strategy and server program agree on (the transport only carries it); unset
+        fields are 0.
         """
         self._check_idle()
         if self.spec.mode != "mailbox":
             raise RuntimeError(f"{self.spec.algorithm!r} adds deltas into the weights directly: use accumulate()")
         MPI = self._MPI
-        answered = kind in (KIND_PUSH, KIND_PULL)
-        if kind == KIND_PUSH:
+        answered = kind.answered
+        if kind is Kind.PUSH:
             if self._wire is not None:
                 grad = self._wire[0].copy_(grad)
             for k, part, (_, count, F) in self._slices(grad):
@@ -325,10 +325,7 @@ class WindowTransport(MetaAccess, Transport):
         out_parts = self._slices(out) if answered and out is not None else []
         requests = []
         for k in range(self.servers):
-            self._headers[k] = 0.0
-            self._headers[k, H_KIND] = kind
-            for key, value in (header or {}).items():
-                self._headers[k, key] = value
+            encode_request(self._headers[k], kind, payload)
             if answered:
                 requests.append(self.comm.Irecv(self._answers[k], source=k, tag=TAG_ANSWER))
             self.comm.Send(self._headers[k], dest=k, tag=TAG_REQUEST)
@@ -344,15 +341,16 @@ class WindowTransport(MetaAccess, Transport):
             MPI.Request.Waitall(gets)
             if final_out is not out:
                 final_out.copy_(out)
-            self._versions[:] = self._answers[:, R_VERSION].astype(np.int64)
-            return self._answers.copy()
+            answers = Answers(self._answers.copy())
+            self._versions[:] = answers.versions
+            return answers
 
         self._pending = Pending(finish)
         return self._pending
 
-    def push(self, grad: torch.Tensor, out: torch.Tensor, header: Dict[int, float]) -> np.ndarray:
-        """Push ``grad`` (mailbox mode), wait for the server's answer, get the new weights into ``out``."""
-        return self.request_async(KIND_PUSH, grad=grad, out=out, header=header).wait()
+    def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> Answers:
+        """Push ``grad`` (mailbox mode), wait for the servers' answers, get the new weights into ``out``."""
+        return self.request_async(Kind.PUSH, grad=grad, out=out, payload=payload).wait()
 
     # --- checkpoints ---------------------------------------------------------------------------
     def server_state(self) -> List[Dict[str, Any]]:

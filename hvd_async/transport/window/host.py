@@ -11,7 +11,8 @@ import torch
 
 from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
                      META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
-                     TAG_STATE_REPLY, ShardStats, WindowSpec, _pushes, _window_array, _Windows)
+                     TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes, _window_array,
+                     _Windows)
 
 logger = logging.getLogger("hvd_async.transport.window")
 
@@ -37,8 +38,8 @@ class ServerProgram:
     def __init__(self, host):
         self.host = host
 
-    def on_request(self, worker: int, header: np.ndarray) -> None:
-        """One request: ``header[H_KIND]`` and the payload the strategy wrote; the program answers
+    def on_request(self, worker: int, request: Request) -> None:
+        """One request (its ``kind``, and the ``payload`` the strategy wrote); the program answers
         with ``host.answer`` where the kind is answered."""
         raise RuntimeError(f"server {self.host.shard}: {self.host.spec.algorithm} takes no mailbox "
                            f"requests (worker {worker})")
@@ -64,7 +65,7 @@ class ShardHost:
 
     ``program`` (a :class:`ServerProgram`, built by the algorithm's strategy class:
     ``server_program`` in ``hvd_async.algorithms.asgd``, ``dcasgd``, ...) gets each request through
-    ``on_request(worker, header)``; ``poll()`` is called by the server loop.
+    ``on_request(worker, request)``; ``poll()`` is called by the server loop.
     """
 
     def __init__(self, comm, spec: WindowSpec, shard: int, make_program):
@@ -137,7 +138,7 @@ class ShardHost:
         with ``read_stats``)."""
         self.meta[META_SUMS:META_COUNTER].view(np.float64)[:] += values
 
-    def answer(self, worker: int, staleness: int, status: int) -> None:
+    def answer(self, worker: int, staleness: int, status: Status) -> None:
         """Tell ``worker`` its outbox slot holds the weights of the current version."""
         self.sync()
         self._answer[:] = (self.version, staleness, self.meta[META_PUSHES], status)
@@ -188,7 +189,7 @@ class ShardHost:
                 self._set_aside.discard(worker)
                 start = time.perf_counter()
                 self.sync()
-                self.program.on_request(worker, self._header.copy())
+                self.program.on_request(worker, Request.decode(self._header, self.shard, worker))
                 self.meta[META_BUSY_US] += int(1e6 * (time.perf_counter() - start))
             else:
                 raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")

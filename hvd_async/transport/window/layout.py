@@ -2,6 +2,7 @@
 side (:mod:`.host`): the meta slots, the request header and answer, the tags, the shard bounds, the
 specification worker 0 sends the servers, and the window allocation (see :mod:`hvd_async.transport.window`)."""
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -9,11 +10,9 @@ import numpy as np
 __all__ = [  # what hvd_async.transport.window re-exports
     "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "SUMS", "META_SUMS",
     "META_COUNTER", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_PAYLOAD", "PAYLOAD_LEN",
-    "H_LEN", "KIND_PUSH", "KIND_PULL", "KIND_IDLE",
-    "KIND_RESUME", "R_VERSION", "R_STALENESS", "R_PUSHES", "R_STATUS", "R_LEN", "STATUS_APPLIED",
-    "STATUS_SKIPPED", "STATUS_SNAPSHOT", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE",
-    "TAG_STATE_REPLY", "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats",
-    "Pending",
+    "H_LEN", "Kind", "Status", "Request", "Answers", "encode_request", "R_VERSION", "R_STALENESS", "R_PUSHES",
+    "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
+    "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats", "Pending",
 ]
 
 HIST_BINS = 64
@@ -26,14 +25,91 @@ META_TABLE = META_COUNTER + 1  # one float per worker (shard 0: publish_value, r
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
 # header a worker sends with each mailbox request (float64): the kind, then a payload whose fields
-# (indices H_PAYLOAD .. H_LEN - 1) the algorithm's strategy and server program define between them
+# (payload indices 0 .. PAYLOAD_LEN - 1) the algorithm's strategy and server program define between them
 H_KIND, H_PAYLOAD = 0, 1
 PAYLOAD_LEN = 7
 H_LEN = H_PAYLOAD + PAYLOAD_LEN
-KIND_PUSH, KIND_PULL, KIND_IDLE, KIND_RESUME = 0, 1, 2, 3
 # the server's answer (float64)
 R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
-STATUS_APPLIED, STATUS_SKIPPED, STATUS_SNAPSHOT = 0, 1, 2
+
+
+class Kind(IntEnum):
+    """What a mailbox request asks of a shard's server program."""
+
+    PUSH = 0    # the gradient is in the worker's inbox slots: apply it, answer with the weights
+    PULL = 1    # answer with a copy of the current weights
+    IDLE = 2    # the worker stops pushing for a while (not answered)
+    RESUME = 3  # it pushes again (not answered)
+
+    @property
+    def answered(self) -> bool:
+        return self in (Kind.PUSH, Kind.PULL)
+
+
+class Status(IntEnum):
+    """What the server program did with a request, in its answer."""
+
+    APPLIED = 0   # the push went into the weights
+    SKIPPED = 1   # the push held NaN or infinity and was dropped
+    SNAPSHOT = 2  # a pull: the outbox slot holds a copy of the weights
+
+
+@dataclass(frozen=True)
+class Request:
+    """A mailbox request as a server program receives it (``on_request``): its kind and its payload,
+    ``PAYLOAD_LEN`` floats whose fields the algorithm defines (its strategy writes them, its program
+    reads them, e.g. ``request.payload[F_LR]``); the transport only carries them."""
+
+    kind: Kind
+    payload: np.ndarray
+
+    @classmethod
+    def decode(cls, header: np.ndarray, shard: int, worker: int) -> "Request":
+        try:
+            kind = Kind(int(header[H_KIND]))
+        except ValueError:
+            raise RuntimeError(f"server {shard}: unknown request kind {float(header[H_KIND]):g} "
+                               f"from worker {worker}") from None
+        return cls(kind, header[H_PAYLOAD:].copy())
+
+
+def encode_request(header: np.ndarray, kind: Kind, payload: Optional[Dict[int, float]]) -> None:
+    """Write a request into ``header`` (H_LEN float64): ``payload`` is ``{field: value}`` with fields
+    from 0 to PAYLOAD_LEN - 1; unset fields are 0."""
+    header[:] = 0.0
+    header[H_KIND] = kind
+    for index, value in (payload or {}).items():
+        if not 0 <= index < PAYLOAD_LEN:
+            raise ValueError(f"payload field {index} is outside 0..{PAYLOAD_LEN - 1}")
+        header[H_PAYLOAD + index] = value
+
+
+class Answers:
+    """The servers' answers to one request, one per shard, in shard order."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows  # (shards, R_LEN) float64, as they came
+
+    @property
+    def versions(self) -> np.ndarray:
+        """The version of the weights each shard answered with."""
+        return self.rows[:, R_VERSION].astype(np.int64)
+
+    @property
+    def staleness(self) -> np.ndarray:
+        """Each shard's staleness of the push it applied."""
+        return self.rows[:, R_STALENESS].astype(np.int64)
+
+    @property
+    def pushes(self) -> int:
+        """The pushes the job's first shard has received from all workers."""
+        return int(self.rows[0, R_PUSHES])
+
+    def all(self, status: Status) -> bool:
+        """Whether every shard answered with ``status``."""
+        return bool((self.rows[:, R_STATUS] == status).all())
 
 TAG_OPEN = 7101     # worker 0 -> each server on the runtime's control communicator: a WindowSpec
 TAG_REQUEST = 7102  # worker -> server: a header
