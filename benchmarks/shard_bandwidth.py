@@ -90,7 +90,7 @@ def launch(args) -> int:
         row["limit"] = limit(row)
         print(f"{row['servers']} shard(s): {row['GBps']['median']:.2f} GB/s (blocks {row['GBps']['min']:.2f}.."
               f"{row['GBps']['max']:.2f}), {row['over_first']:.2f} x {rows[0]['servers']} shard(s); CPU busy "
-              f"{100 * row['cpu_busy']:.0f}% with {row['ranks']} ranks on {cores} cores: {row['limit']}", flush=True)
+              f"{100 * row['cpu_busy']:.0f}%; limit: {row['limit']}", flush=True)
     summary = {"benchmark": "shard_bandwidth", "mode": args.mode, "workers": args.workers, "bytes": args.size,
                "blocks": args.blocks, "seconds_per_block": args.seconds, "cores": cores,
                "cpu_bound_from": CPU_BOUND, "grows_from": GROWS,
@@ -104,7 +104,8 @@ def shard_row(part: dict, args, cores: int) -> dict:
     """One shard count's figures from its job's block times (``part``: per block, each worker's time)."""
     moved = 2 * args.size * args.workers * part["reps"]  # bytes moved by all workers in one block
     per_block = [moved / max(times) / 1e9 for times in part["blocks"]]
-    return {"servers": part["servers"], "ranks": args.workers + part["servers"], "reps_per_block": part["reps"],
+    return {"servers": part["servers"], "ranks": args.workers + part["servers"], "cores": cores,
+            "reps_per_block": part["reps"],
             "GBps": spread(per_block), "GBps_blocks": per_block, "cpu_busy": part["cpu_busy"],
             "block_seconds": part["blocks"]}
 
@@ -112,8 +113,8 @@ def shard_row(part: dict, args, cores: int) -> dict:
 def limit(row: dict) -> str:
     """What the figures say limits this shard count."""
     if row["cpu_busy"] >= CPU_BOUND:
-        return (f"CPU-bound (machine {100 * row['cpu_busy']:.0f}% busy: every shard's server competes with "
-                f"the workers for the same cores)")
+        return (f"the cores: all busy ({row['ranks']} ranks on {row['cores']}), so a shard's server only takes "
+                f"CPU time from the workers and adds no core to serve them")
     if row["over_first"] >= GROWS:
         return "adds bandwidth"
     return "not CPU-bound and not faster: the memory or network path is the limit"
