@@ -23,7 +23,7 @@ import time
 from common import HERE, ROOT, parse_size, program, pyplot, save, spread, under_mpirun
 
 CPU_BOUND = 0.9  # busy share of the machine's CPU time from which the cores are named the limit
-GROWS = 1.1  # a shard count "adds bandwidth" when its median is at least this times one shard's
+GROWS = 1.1  # a shard count "adds bandwidth" from this times the first's median (and blocks apart: limit())
 
 
 def parse_args(argv=None):
@@ -87,7 +87,7 @@ def launch(args) -> int:
     one = rows[0]["GBps"]["median"]
     for row in rows:
         row["over_first"] = row["GBps"]["median"] / one
-        row["limit"] = limit(row)
+        row["limit"] = limit(row, rows[0])
         print(f"{row['servers']} shard(s): {row['GBps']['median']:.2f} GB/s (blocks {row['GBps']['min']:.2f}.."
               f"{row['GBps']['max']:.2f}), {row['over_first']:.2f} x {rows[0]['servers']} shard(s); CPU busy "
               f"{100 * row['cpu_busy']:.0f}%; limit: {row['limit']}", flush=True)
@@ -110,14 +110,19 @@ def shard_row(part: dict, args, cores: int) -> dict:
             "block_seconds": part["blocks"]}
 
 
-def limit(row: dict) -> str:
-    """What the figures say limits this shard count."""
-    if row["cpu_busy"] >= CPU_BOUND:
-        return (f"the cores: all busy ({row['ranks']} ranks on {row['cores']}), so a shard's server only takes "
-                f"CPU time from the workers and adds no core to serve them")
-    if row["over_first"] >= GROWS:
-        return "adds bandwidth"
-    return "not CPU-bound and not faster: the memory or network path is the limit"
+def limit(row: dict, first: dict) -> str:
+    """What the figures say of this shard count against the first: whether it adds bandwidth (its
+    median GROWS times the first's, and its blocks' interquartile range above the first's) and what
+    limits it."""
+    busy = row["cpu_busy"] >= CPU_BOUND
+    cores = f"the cores are all busy ({row['ranks']} ranks on {row['cores']})"
+    if row is first:
+        return cores if busy else "the reference"
+    if row["over_first"] >= GROWS and row["GBps"]["q1"] > first["GBps"]["q3"]:
+        return "adds bandwidth" + (f"; {cores}, which caps what more shards can add" if busy else "")
+    if busy:
+        return f"adds no bandwidth beyond the spread: {cores}, so another server only takes CPU time from the workers"
+    return "adds no bandwidth beyond the spread, with cores to spare: the memory or network path is the limit"
 
 
 def bench(args) -> int:
