@@ -278,11 +278,11 @@ class SimWindowTransport(W.WindowTransport):
         outs = self._parts(out) if answered and out is not None else []
         self.net.exchange(self._rank)
         me = self._rank
+        header = np.zeros(W.H_LEN, dtype=np.float64)
+        W.encode_request(header, kind, payload)
         for k, (host, part) in enumerate(grads):
             if part is not None:
                 host.inbox[me].copy_(part)
-            header = np.zeros(W.H_LEN, dtype=np.float64)
-            W.encode_request(header, kind, payload)
             host.answers.pop(me, None)
             host.program.on_request(me, W.Request.decode(header, k, me))
 

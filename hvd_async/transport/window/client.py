@@ -64,7 +64,7 @@ class WindowTransport(MetaAccess, Transport):
         self._hist_due = np.zeros((comms.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
         self._hist_pushes = 0
         self._answers = np.zeros((comms.servers, R_LEN), dtype=np.float64)
-        self._headers = np.zeros((comms.servers, H_LEN), dtype=np.float64)
+        self._header = np.zeros(H_LEN, dtype=np.float64)  # one request, the same to every shard
         self._pending: Optional[Pending] = None
         self._slice_cache: Dict = {}
         self._one_t = [self._one, MPI.INT64_T]
@@ -324,11 +324,11 @@ class WindowTransport(MetaAccess, Transport):
             out = self._wire[1]
         out_parts = self._slices(out) if answered and out is not None else []
         requests = []
+        encode_request(self._header, kind, payload)
         for k in range(self.servers):
-            encode_request(self._headers[k], kind, payload)
             if answered:
                 requests.append(self.comm.Irecv(self._answers[k], source=k, tag=TAG_ANSWER))
-            self.comm.Send(self._headers[k], dest=k, tag=TAG_REQUEST)
+            self.comm.Send(self._header, dest=k, tag=TAG_REQUEST)  # (blocking: the buffer is free again)
 
         def finish():
             if not answered:

@@ -111,6 +111,7 @@ class Answers:
         """Whether every shard answered with ``status``."""
         return bool((self.rows[:, R_STATUS] == status).all())
 
+
 TAG_OPEN = 7101     # worker 0 -> each server on the runtime's control communicator: a WindowSpec
 TAG_REQUEST = 7102  # worker -> server: a header
 TAG_ANSWER = 7103   # server -> worker: an answer
