@@ -26,6 +26,7 @@ class Strategy(abc.ABC):
 
     name: str = "strategy"
     Options: type = None
+    peer_windows = False  # exchanges through one-sided windows among the workers (the simulator's cue)
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: List[Tuple[str, torch.Tensor]],
                  transport, options):

@@ -210,6 +210,7 @@ class Gossip(Strategy):
 
     name = "gossip"
     Options = GossipOptions
+    peer_windows = True
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

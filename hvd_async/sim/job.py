@@ -13,28 +13,23 @@ Before each step the worker's clock moves on by its compute time (drawn from its
 forward and backward then run for real, and ``opt.step()`` takes whatever simulated time its
 exchanges take (latency, waiting for others). Evaluation and metric reductions take none.
 """
-import sys
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.utils.data import default_collate
 
 from .. import models, registry
 from ..algorithms.base import parse_options
 from ..config import ConfigError, algorithm_options
-from ..metrics import RunMetrics, evaluate_accuracy, pooled_staleness
+from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
-from ..jobstate import WorkerBatches
-from ..train import NONFINITE_CHECK_EVERY, TrainingStopped
 from ..transport import window as W
+from ..transport.trace import Trace, Tracer
+from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
 from .collective import PeerWindows, SimCollectiveTransport, SimPeerTransport
 from .delays import DelayModel
 from .network import SimComm, SimNetwork
 from .options import factors
-from ..transport.trace import Trace, Tracer
 from .windows import ReplayScript, SimServers, SimWindowTransport
 
 
@@ -74,7 +69,7 @@ class Cluster:
             spec = W.WindowSpec(args.algo, getattr(cls, "mode", "accumulate"), numel, args.servers,
                                 args.workers, server_options)
             self.servers = SimServers(spec, cls.server_program)
-        elif args.algo == "gossip":
+        elif self.strategy_cls.peer_windows:
             self.peers = PeerWindows(args.workers, numel)
 
     def _check_replay(self) -> None:
@@ -120,170 +115,58 @@ def run_job(args, splits) -> Dict:
     transports = [None] * args.workers
 
     def body(w: int):
-        return _Worker(args, splits, cluster, delays[w], w, transports).run()
+        return _worker(args, splits, cluster, _SimHost(cluster, delays[w], w, transports), transports)
 
     return cluster.sched.run(body)[0]
 
 
-class _Worker:
-    """One simulated worker: the training job's loop with its clock in place of the wall clock."""
+class _SimHost(Host):
+    """A simulated worker: its virtual clock, compute drawn from its delay model (the clock moves on,
+    and the draw counts as compute), no server time measured, no checkpoints."""
 
-    def __init__(self, args, splits, cluster: Cluster, delay: DelayModel, rank: int, transports: List):
-        self.args, self.splits, self.cluster, self.delay, self.rank = args, splits, cluster, delay, rank
+    seconds = "s simulated"
+    server_time = False
+    can_checkpoint = False
+
+    def __init__(self, cluster: Cluster, delay: DelayModel, rank: int, transports: List):
+        super().__init__("max")
+        self.cluster, self.delay, self.rank, self.transports = cluster, delay, rank, transports
         self.sched = cluster.sched
-        self.comm = SimComm(cluster.net, rank)
-        self.transports = transports
 
     def clock(self) -> float:
         return self.sched.now(self.rank)
 
-    def _setup(self):
-        args, rank = self.args, self.rank
-        torch.manual_seed(args.seed)
-        self.model = models.build_model(args.model, self.splits.input_shape, self.splits.num_classes)
-        transport = self.transports[rank] = self.cluster.transport(rank)
-        sgd = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum,
-                              weight_decay=args.weight_decay)
-        self.opt = DistributedOptimizer(sgd, named_parameters=self.model.named_parameters(), algorithm=args.algo,
-                                        transport=transport, **algorithm_options(args))
-        self.opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
-        self.servers = args.servers > 0
-        self.source = WorkerBatches(len(self.splits.train), args.batch_size, rank=rank, workers=args.workers,
-                                    seed=args.seed, strategy=self.opt.strategy, servers=self.servers,
-                                    fetch_add=self.opt.strategy.batch_cursor())
-        self.steps_total = self.streak = self.skipped_seen = 0
+    def before_step(self, scale: float, last_work: float) -> float:
+        compute = self.delay.draw(scale)
+        self.sched.advance(self.rank, compute)
+        return compute
 
-    def _next_batch(self, epoch: int):
-        """The next batch of this epoch, or None when the epoch is over for this worker."""
-        indices = self.source.next(epoch)
-        if indices is None:
-            return None
-        return default_collate([self.splits.train[i] for i in indices])
-
-    def _nonfinite_streak(self) -> bool:
-        """Whether this worker stops for ``--max-nonfinite``, as ``hvd_async.train`` decides: with
-        parameter servers each worker alone (its pushes are refused, so its epoch would never end);
-        the others together, every ``NONFINITE_CHECK_EVERY`` steps."""
-        skipped = getattr(self.opt.strategy, "skipped_nonfinite", 0)
-        self.streak = self.streak + 1 if skipped > self.skipped_seen else 0
-        self.skipped_seen = skipped
-        limit = self.args.max_nonfinite
-        if not limit:
-            return False
-        if self.servers:
-            return self.streak >= limit
-        return (self.steps_total % NONFINITE_CHECK_EVERY == 0
-                and bool(self.comm.allreduce(int(self.streak >= limit), op="max")))
-
-    def _epoch(self, epoch: int) -> Dict:
-        """Train one epoch; returns this worker's tallies (simulated seconds); ``nonfinite`` is set
-        when it left early for a streak of non-finite gradients."""
-        opt, sched, rank = self.opt, self.sched, self.rank
-        t = {"start": self.clock(), "samples": 0, "steps": 0, "compute": 0.0, "wait": 0.0,
-             "blocked": opt.stats().get("exchange_wait_seconds"), "nonfinite": False}
-        loss_sum = torch.zeros(())
-        while True:
-            batch = self._next_batch(epoch)
-            if batch is None:
-                break
-            x, y = batch
-            compute = self.delay.draw(len(y) / self.args.batch_size)
-            sched.advance(rank, compute)
-            loss = F.cross_entropy(self.model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            before = self.clock()
-            opt.step(loss=loss.detach())
-            t["wait"] += self.clock() - before
-            t["compute"] += compute
-            loss_sum += loss.detach()
-            t["steps"] += 1
-            t["samples"] += len(y)
-            self.steps_total += 1
-            if self._nonfinite_streak():
-                t["nonfinite"] = True
-                break
-        t["seconds"] = self.clock() - t["start"]
-        t["loss"] = float(loss_sum) / max(1, t["steps"])
-        return t
-
-    def run(self) -> Optional[Dict]:
-        args, comm, workers = self.args, self.comm, self.args.workers
-        self._setup()
-        reporter = self.rank == 0
-        metrics = _SimMetrics(_info(args), clock=self.clock, logdir=args.logdir, reporter=reporter)
-        steps = samples = 0
-        train_seconds = wait_total = 0.0
-        staleness_seen = np.zeros(0, dtype=np.int64)
-        for epoch in range(1, args.epochs + 1):
-            t = self._epoch(epoch)
-            steps, samples = steps + t["steps"], samples + t["samples"]
-            train_seconds += t["seconds"]
-            wait_total += t["wait"]
-            self.opt.load_global_model()
-            if comm.allreduce(int(t["nonfinite"]), op="max"):
-                raise TrainingStopped(
-                    f"stopped in epoch {epoch}: {args.max_nonfinite} gradients in a row held NaN or infinity "
-                    f"on a worker (--max-nonfinite {args.max_nonfinite}); none was applied; lower --lr")
-            stats = self.opt.stats()
-            per_step = max(1, t["steps"])
-            timing = {"compute_ms_per_step": comm.allreduce(1000.0 * t["compute"] / per_step) / workers}
-            if t["blocked"] is not None:
-                timing["exchange_blocked_ms_per_step"] = comm.allreduce(
-                    1000.0 * (stats["exchange_wait_seconds"] - t["blocked"]) / per_step) / workers
-            train_loss = comm.allreduce(t["loss"]) / workers
-            losses = comm.gather(t["loss"])
-            rates = comm.gather(t["samples"] / t["seconds"] if t["seconds"] > 0 else 0.0)
-            waits = comm.gather(1000.0 * t["wait"] / per_step)
-            accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm)
-            self.opt.strategy.after_evaluation()
-            staleness = pooled_staleness(stats, comm)
-            batch_sizes = comm.gather(stats.get("batch_size", args.batch_size))
-            if reporter:
-                self._report(metrics, epoch, accuracy, train_loss, rates, waits, losses, timing, batch_sizes,
-                             staleness, staleness_seen, stats, t["seconds"])
-            staleness_seen = staleness
-        total_samples = comm.allreduce(samples)
-        total_steps = comm.allreduce(steps)
-        train_seconds = comm.allreduce(train_seconds, op="max")
-        updates = self.opt.progress() if self.servers else steps * workers
-        blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd: simulated seconds
-        blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
-        self.opt.close()
-        wall = comm.allreduce(self.clock(), op="max")
+    def finish(self, loop: WorkerLoop) -> dict:
+        wall = loop.comm.allreduce(self.clock(), op="max")
         self.transports[self.rank].close()  # the simulator built it: the optimizer leaves it open
-        if not reporter:
-            return None
-        mean, largest = W.staleness_summary(staleness_seen)
-        return metrics.finish(
-            args.metrics_out, steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"],
-            final_train_loss=metrics.history[-1]["train_loss"], wall_seconds=round(wall, 6),
-            train_seconds=round(train_seconds, 6), samples=total_samples,
-            samples_per_second=total_samples / max(train_seconds, 1e-9),
-            step_wait_ms_mean=1000.0 * wait_total / max(1, steps),
-            exchange_blocked_ms_mean=blocked,
-            staleness_mean=mean, staleness_max=largest, staleness_hist=staleness_seen.tolist(),
-            batch_sizes=batch_sizes, server_ms_per_push=None, updates=updates, time_base="simulated",
-            simulator=dict(_simulator_info(args), events=self.sched.events, exchanges=self.cluster.net.exchanges,
-                           replay=self.cluster.replayed(self.transports)),  # every worker has closed
-            **metrics.compensation(stats))
+        if not loop.reporter:
+            return {}
+        args = loop.args
+        return {"wall_seconds": round(wall, 6), "server_ms_per_push": None, "time_base": "simulated",
+                "simulator": dict(_simulator_info(args), events=self.sched.events,
+                                  exchanges=self.cluster.net.exchanges,
+                                  replay=self.cluster.replayed(self.transports))}  # every worker has closed
 
-    def _report(self, metrics, epoch, accuracy, train_loss, rates, waits, losses, timing, batch_sizes,
-                staleness, staleness_seen, stats, seconds) -> None:
-        args = self.args
-        entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=train_loss,
-                              worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / args.workers,
-                              timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
-        if self.source.shared is not None:
-            entry["batch_sizes"] = batch_sizes
-            metrics.per_worker("batch_size", batch_sizes, epoch)
-        if self.servers:  # no server time is simulated: server_ms_per_push is left out
-            server_stats = {k: v for k, v in stats.items() if k != "server_ms_per_push"}
-            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=server_stats))
-        if staleness.sum() > staleness_seen.sum():
-            metrics.staleness_histogram(staleness, staleness_seen, epoch)
-        print(f"epoch {epoch}/{args.epochs}  train loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
-              f"{sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} s simulated", file=sys.stderr, flush=True)
+
+def _worker(args, splits, cluster: Cluster, host: _SimHost, transports: List) -> Dict:
+    """One simulated worker: what a real worker builds (after ``torch.manual_seed(seed)``), with its
+    transport simulated, then the training job's loop on its clock."""
+    rank = host.rank
+    torch.manual_seed(args.seed)
+    model = models.build_model(args.model, splits.input_shape, splits.num_classes)
+    transport = transports[rank] = cluster.transport(rank)
+    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    opt = DistributedOptimizer(sgd, named_parameters=model.named_parameters(), algorithm=args.algo,
+                               transport=transport, **algorithm_options(args))
+    opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
+    metrics = _SimMetrics(_info(args), clock=host.clock, logdir=args.logdir, reporter=rank == 0)
+    return WorkerLoop(args, model=model, opt=opt, splits=splits, comm=SimComm(cluster.net, rank), host=host,
+                      metrics=metrics, servers=args.servers > 0).run()
 
 
 def _info(args) -> Dict:

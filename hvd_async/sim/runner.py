@@ -35,7 +35,7 @@ def simulate(args: Union[List[str], argparse.Namespace]) -> dict:
 def main(argv: Optional[List[str]] = None) -> int:
     from ..data import DataError
     from ..models import ModelError
-    from ..train import TrainingStopped
+    from ..job_process import TrainingStopped
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -1,0 +1,390 @@
+"""One worker's training loop, the same for the training job (:mod:`hvd_async.train`) and the
+simulator (:mod:`hvd_async.sim.job`): its epochs of steps, the workers' agreement on why they left
+them, the evaluation and the epoch's report, checkpoints, and the final metrics record.
+
+What differs between a real worker and a simulated one is handed in as a :class:`Host`: the clock
+(wall or virtual), the compute time injected before each step (a sleep, or the virtual clock moved
+on), the reduction op for a maximum over the communicator, a liveness beat and what to do about a
+stalled worker (``--worker-timeout``), and what the final record adds (its wall time, the
+simulator's settings). What an algorithm needs from the loop is asked of its strategy (progress,
+``batch_cursor()``, ``after_evaluation()``, ``skipped_nonfinite``), never decided by its name.
+"""
+import logging
+import os
+import sys
+
+import numpy as np
+
+from .config import ConfigError
+from .job_process import TrainingStopped, say
+
+logger = logging.getLogger(__name__)
+NONFINITE_CHECK_EVERY = 10  # synchronous algorithms agree on a non-finite streak every so many steps
+
+
+class Host:
+    """A real worker's side of the loop (the simulator's overrides it).
+
+    Args:
+        max_op: the communicator's reduction op for a maximum (``MPI.MAX`` for mpi4py).
+    """
+
+    seconds = "s"  # how an epoch line names its times
+    server_time = True  # whether the servers' time per push is measured (not in the simulator)
+    can_checkpoint = True
+
+    def __init__(self, max_op):
+        self.MAX = max_op
+
+    def clock(self) -> float:
+        import time
+
+        return time.perf_counter()
+
+    def before_step(self, scale: float, last_work: float) -> float:
+        """The compute injected before a step of ``scale`` nominal batches (``last_work``: the last
+        step's forward and backward time); returns the seconds of it to count as compute."""
+        return 0.0
+
+    def start(self, loop: "WorkerLoop") -> None:
+        """The loop begins its epochs (after any resume)."""
+
+    def beat(self) -> None:
+        """The loop moved on (the stall watchdog's heartbeat)."""
+
+    def after_segment(self, loop: "WorkerLoop") -> None:
+        """Every worker left its loop; before the global weights are loaded (``--worker-timeout``)."""
+
+    def finish(self, loop: "WorkerLoop") -> dict:
+        """After ``opt.close()`` on every worker: what the final record adds or overrides."""
+        return {"wall_seconds": round(loop.metrics.elapsed(), 4)}
+
+
+class Counters:
+    """One worker's running counts; a checkpoint holds them, so a resumed epoch reports as a whole one."""
+
+    def __init__(self):
+        self.steps = self.samples = self.streak = self.skipped_seen = 0
+        self.train_seconds = self.wait_total = self.last_work = 0.0
+        self.new_epoch()
+
+    def new_epoch(self) -> None:
+        self.epoch_steps = self.epoch_samples = 0
+        self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
+
+
+class WorkerLoop:
+    """One worker's epochs (:meth:`run`): train until this worker has a reason to stop
+    (:meth:`_train`), let the host deal with stalled workers, ``load_global_model()``, agree on why the
+    workers stopped (:meth:`_agree`), then stop on non-finite gradients, report the epoch
+    (:meth:`_end_epoch`) and write a checkpoint when one is due (:meth:`_checkpoint_due`).
+
+    Args:
+        args: the job's options (``hvd-async train``'s, or the simulator's).
+        model, opt, splits: the model, its :class:`~hvd_async.DistributedOptimizer`, the data.
+        comm: the workers' communicator (mpi4py's or the simulator's): ``allreduce`` and ``gather``.
+        host: see :class:`Host`.
+        metrics: a :class:`~hvd_async.metrics.RunMetrics`.
+        servers: whether the algorithm runs on parameter servers (epochs end on their progress).
+        device: where batches go (None: where the data is).
+        saver: a :class:`~hvd_async.jobstate.JobCheckpoints`, or None.
+        show_bar: a progress bar on stderr (worker 0).
+    """
+
+    def __init__(self, args, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
+                 saver=None, show_bar: bool = False):
+        import torch
+
+        from .jobstate import WorkerBatches, parse_every
+
+        self.args, self.model, self.opt, self.splits, self.host = args, model, opt, splits, host
+        self.comm, self.rank, self.workers = comm, comm.rank, comm.size
+        self.metrics, self.device, self.saver, self.uses_servers = metrics, device, saver, servers
+        self.reporter = self.rank == 0
+        self.source = WorkerBatches(len(splits.train), args.batch_size, rank=self.rank, workers=self.workers,
+                                    seed=args.seed, strategy=opt.strategy, servers=servers,
+                                    fetch_add=opt.strategy.batch_cursor())
+        self.steps_per_epoch = (-(-self.source.global_steps // self.workers) if servers
+                                else self.source.batches.per_epoch)  # for the bar
+        self.bar = None
+        if self.reporter and show_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=args.epochs * self.steps_per_epoch, desc=f"{args.algo} x{self.workers}",
+                            unit="step", file=sys.stderr, dynamic_ncols=True)
+        self.acc = Counters()  # this worker's counters (a checkpoint holds them)
+        self.job = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [], "next_checkpoint": None}
+        self.every, self.unit = parse_every(args.checkpoint_every)
+        self.job["next_checkpoint"] = self.every
+        if args.resume:
+            self._resume()
+        self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
+        self.dropped = []  # workers a --worker-timeout dropped
+        self.loss_sum = torch.zeros(())
+        self.blocked_before = self.opt.stats().get("exchange_wait_seconds")
+        self.stats, self.train_loss, self.batch_sizes = {}, None, None  # the last epoch's, for the record
+
+    def _count(self) -> int:
+        """What ``--checkpoint-every N steps`` counts: the servers' updates, or this worker's steps."""
+        return self.opt.progress() if self.uses_servers else self.acc.steps
+
+    def _resume(self) -> None:
+        from . import checkpoint
+
+        path, part, saved_job = self.saver.restore()
+        self.model.load_state_dict(part["model"])
+        self.opt.load_state_dict(part["optimizer"])  # (a checkpoint of an earlier version: both parts)
+        if "algorithm" in part:
+            self.opt.load_algorithm_state_dict(part["algorithm"])
+        self.source.batches.load_state_dict(part["batches"])
+        checkpoint.set_rng_state(part["rng"])
+        self.acc.__dict__.update(part["counters"])
+        self.source.drawn = part["drawn"]
+        self.source.last_epoch = part.get("last_epoch")
+        job = self.job = (saved_job if self.reporter else
+                          {"epoch": saved_job["epoch"], "next_checkpoint": saved_job["next_checkpoint"]})
+        if self.reporter:
+            self.metrics.history[:] = job["history"]
+            self.metrics.start -= job["elapsed"]
+            say(f"resumed from {path}: epoch {job['epoch']}, {self.opt.progress()} updates so far")
+        job["next_checkpoint"] = (self._count() // self.every + 1) * self.every
+        if job["epoch"] > self.args.epochs:
+            raise ConfigError(f"--resume: checkpoint {path} has finished {job['epoch'] - 1} epoch(s) and "
+                              f"--epochs is {self.args.epochs}: give a larger --epochs to train on")
+        if self.bar is not None:
+            self.bar.update(min(self.bar.total, (job["epoch"] - 1) * self.steps_per_epoch + self.acc.epoch_steps))
+
+    def save_checkpoint(self, progress: int) -> str:
+        """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
+        from . import checkpoint
+
+        part = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "algorithm": self.opt.algorithm_state_dict(),
+                "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
+                "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
+                "last_epoch": self.source.last_epoch}
+        if self.reporter:
+            self.job.update(history=self.metrics.history, elapsed=self.metrics.elapsed(),
+                            staleness_seen=self.staleness_seen.tolist())
+        return self.saver.save(progress, part, self.job if self.reporter else None)
+
+    def _next_batch(self, epoch: int):
+        """The next (x, y) of this epoch, or None when the epoch is over for this worker."""
+        from torch.utils.data import default_collate
+
+        indices = self.source.next(epoch)
+        if indices is None:
+            return None
+        x, y = default_collate([self.splits.train[i] for i in indices])
+        if self.device is None:
+            return x, y
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _pause_reason(self):
+        """Why this worker leaves its loop before the epoch ends ("checkpoint", "nonfinite") or None.
+
+        With parameter servers each worker decides alone (the others join at their own pause or epoch
+        end: nobody waits inside an epoch; a worker whose every push is refused would never see its
+        epoch end); synchronous algorithms decide at the same steps, together.
+        """
+        acc, limit = self.acc, self.args.max_nonfinite
+        due = self.saver is not None and self.unit == "steps" and self._count() >= self.job["next_checkpoint"]
+        if self.uses_servers:
+            if limit and acc.streak >= limit:
+                return "nonfinite"
+            return "checkpoint" if due else None
+        reason = "checkpoint" if due else None
+        if limit and acc.steps % NONFINITE_CHECK_EVERY == 0 and self.comm.allreduce(int(acc.streak >= limit),
+                                                                                     op=self.host.MAX):
+            reason = "nonfinite"
+        return reason
+
+    def _train(self, epoch: int) -> str:
+        """Train until this worker has a reason to leave its loop: "end" of the epoch, "checkpoint"
+        or "nonfinite". Times are on the host's clock; the host's injected compute counts as compute."""
+        import torch
+        import torch.nn.functional as F
+
+        acc, opt, bar, host, clock = self.acc, self.opt, self.bar, self.host, self.host.clock
+        segment_start = clock()
+        self.loss_sum.fill_(acc.loss_sum)
+        reason = None
+        while reason is None:
+            batch = self._next_batch(epoch)
+            if batch is None:
+                reason = "end"
+                break
+            x, y = batch
+            injected = host.before_step(len(y) / self.args.batch_size, acc.last_work)
+            t0 = clock()
+            loss = F.cross_entropy(self.model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            t1 = clock()
+            opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
+            t2 = clock()
+            acc.last_work = t1 - t0
+            acc.epoch_compute += injected + (t1 - t0)
+            acc.epoch_wait += t2 - t1
+            if bool(torch.isfinite(loss)):
+                self.loss_sum += loss.detach()
+            acc.steps += 1
+            acc.epoch_steps += 1
+            acc.epoch_samples += len(y)
+            skipped = getattr(opt.strategy, "skipped_nonfinite", 0)
+            acc.streak = acc.streak + 1 if skipped > acc.skipped_seen else 0
+            acc.skipped_seen = skipped
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch, refresh=False)
+            reason = self._pause_reason()
+            host.beat()
+        acc.epoch_seconds += clock() - segment_start
+        acc.loss_sum = float(self.loss_sum)
+        return reason
+
+    def _agree(self, reason: str):
+        """The workers left their loops for their own reasons (asynchronous ones see progress at
+        different times): from here on they agree. Returns (ended, pause, nonfinite, progress)."""
+        flags = np.array([reason == "end", reason == "checkpoint", reason == "nonfinite"], dtype=np.int64)
+        ended, pause, nonfinite = (bool(flag) for flag in self.comm.allreduce(flags) > 0)
+        return ended, pause, nonfinite, self.comm.allreduce(self.opt.progress(), op=self.host.MAX)
+
+    def _stop_nonfinite(self, epoch: int, progress: int) -> None:
+        limit = self.args.max_nonfinite
+        where = self.save_checkpoint(progress) if self.saver else None
+        hint = "lower --lr"
+        if self.host.can_checkpoint:
+            hint = ((f"the last good state is in {where}" if where else
+                     "no checkpoint was written (give --checkpoint-dir to keep one)")
+                    + "; lower --lr or check the data, then --resume")
+        raise TrainingStopped(f"stopped in epoch {epoch}: {limit} gradients in a row held NaN or infinity on a "
+                              f"worker (--max-nonfinite {limit}); none was applied; {hint}")
+
+    def _end_epoch(self, epoch: int) -> None:
+        """Collective: evaluate, reduce the epoch's figures; worker 0 records and prints them."""
+        from .metrics import evaluate_accuracy, pooled_staleness
+
+        acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
+        steps = max(1, acc.epoch_steps)
+        acc.samples += acc.epoch_samples
+        acc.train_seconds += acc.epoch_seconds
+        acc.wait_total += acc.epoch_wait
+        stats = self.stats = opt.stats()
+        if not self.host.server_time:
+            stats.pop("server_ms_per_push", None)
+        timing = {}
+        if self.blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
+            timing["exchange_blocked_ms_per_step"] = comm.allreduce(
+                1000.0 * (stats["exchange_wait_seconds"] - self.blocked_before) / steps) / workers
+        worker_loss = float(self.loss_sum) / steps
+        self.train_loss = comm.allreduce(worker_loss) / workers
+        losses = comm.gather(worker_loss, root=0)
+        rates = comm.gather(acc.epoch_samples / acc.epoch_seconds if acc.epoch_seconds > 0 else 0.0, root=0)
+        self.host.beat()
+        accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm, self.device)
+        self.host.beat()
+        waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
+        staleness = pooled_staleness(stats, comm)
+        timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
+        self.batch_sizes = comm.gather(stats.get("batch_size", self.args.batch_size), root=0)
+        if self.reporter:
+            self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds)
+        self.staleness_seen = staleness
+        self.blocked_before = stats.get("exchange_wait_seconds")
+        acc.new_epoch()
+        self.loss_sum.zero_()
+
+    def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds) -> None:
+        metrics, args = self.metrics, self.args
+        entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=self.train_loss,
+                              worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / self.workers,
+                              timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
+        if self.source.shared is not None:
+            entry["batch_sizes"] = self.batch_sizes
+            metrics.per_worker("batch_size", self.batch_sizes, epoch)
+        if self.uses_servers:  # apply rate, server time per push, compensation norms (dc-asgd, lc-asgd)
+            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats))
+        if staleness.sum() > self.staleness_seen.sum():
+            metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
+        line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  test accuracy "
+                f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} {self.host.seconds}")
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            say(line)
+
+    def _checkpoint_due(self, ended: bool, pause: bool, epoch: int, progress: int) -> bool:
+        """After the agreement (``epoch``: the next one to train): whether to save now."""
+        if self.saver is None:
+            return False
+        every, unit, count = self.every, self.unit, progress if self.uses_servers else self.acc.steps
+        due = (pause or (ended and epoch > self.args.epochs)
+               or (unit == "epochs" and ended and (epoch - 1) % every == 0)
+               or (unit == "steps" and count >= self.job["next_checkpoint"]))
+        if due:
+            self.job["next_checkpoint"] = (count // every + 1) * every if unit == "steps" else None
+        return due
+
+    def run(self) -> dict:
+        """The epochs; returns the metrics record (complete on worker 0)."""
+        args, opt, host = self.args, self.opt, self.host
+        host.start(self)
+        epoch = self.job["epoch"]
+        while epoch <= args.epochs:
+            reason = self._train(epoch)
+            host.after_segment(self)
+            host.beat()
+            # first thing after the loop: finish the exchange in flight; the parameter-server
+            # algorithms tell the servers this worker stopped pushing (softsync must not wait for its
+            # gradients); then every worker holds the global weights to evaluate (ssgd's already do)
+            opt.load_global_model()
+            ended, pause, nonfinite, progress = self._agree(reason)
+            host.beat()
+            if nonfinite:
+                self._stop_nonfinite(epoch, progress)
+            if ended:
+                self._end_epoch(epoch)
+                epoch += 1
+                self.job["epoch"] = epoch
+            if self._checkpoint_due(ended, pause, epoch, progress):
+                host.beat()
+                path = self.save_checkpoint(progress)
+                host.beat()
+                if self.reporter:
+                    logger.info("checkpoint %s written", path)
+            opt.strategy.after_evaluation()
+        return self._finish()
+
+    def _finish(self) -> dict:
+        from .transport.window import staleness_summary
+
+        if self.bar is not None:
+            self.bar.close()
+        acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
+        steps = acc.steps
+        total_samples = comm.allreduce(acc.samples)
+        total_steps = comm.allreduce(steps)
+        train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
+        blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd
+        blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
+        opt.close()
+        staleness_mean, staleness_max = staleness_summary(self.staleness_seen)
+        metrics = self.metrics
+        record = dict(
+            steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"] if self.reporter else None,
+            final_train_loss=self.train_loss, wall_seconds=None, train_seconds=round(train_seconds, 6),
+            samples=total_samples, samples_per_second=total_samples / max(train_seconds, 1e-9),
+            step_wait_ms_mean=1000.0 * acc.wait_total / max(1, steps), exchange_blocked_ms_mean=blocked,
+            staleness_mean=staleness_mean, staleness_max=staleness_max,
+            staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,
+            dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
+            updates=opt.progress() if self.uses_servers else steps * self.workers)
+        record.update(self.host.finish(self))
+        return metrics.finish(self.args.metrics_out, **record, **metrics.compensation(stats))
+
+
+def show_bar(args, reporter: bool) -> bool:
+    """``--progress``: a bar on worker 0 (``auto``: where stderr is a terminal, or HVD_ASYNC_PROGRESS=1)."""
+    return reporter and (args.progress == "bar" or (args.progress == "auto" and (
+        sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1")))
