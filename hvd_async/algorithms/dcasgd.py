@@ -11,7 +11,8 @@ from ..options import option
 from ..rules import DCRule
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, MailboxStrategy, check_push_rate
+from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram, MailboxStrategy,
+                 check_lookahead, check_push_rate)
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
@@ -26,10 +27,12 @@ class DCASGDOptions:
     compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
                               "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
+    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
         check_push_rate(self.push_rate)
+        check_lookahead(self.lookahead)
         _check_dc_numbers(self.lam, self.ms_momentum)
         DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
         if not isinstance(self.adaptive, bool):
@@ -71,7 +74,8 @@ class DCASGD(MailboxStrategy):
 
     @classmethod
     def server_options(cls, options) -> Dict:
-        return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum}
+        return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum,
+                "lookahead": options.lookahead}
 
     @classmethod
     def server_program(cls, host):
@@ -80,15 +84,16 @@ class DCASGD(MailboxStrategy):
 
 
 class DCProgram(MailboxProgram):
-    def __init__(self, host, lam, adaptive, ms_momentum):
+    def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False):
         super().__init__(host)
-        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum))
+        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum), lookahead)
 
-    def setup(self, rule) -> None:
+    def setup(self, rule, lookahead: bool) -> None:
         self.rule = rule
         self.state = rule.init(self.host.weights)
-        self.state["backup"] = self.host.outbox
+        self.state["backup"] = self.host.outbox  # what each worker received: with the look-ahead, that point
         self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
+        self.lookahead = Lookahead(self.host.weights) if lookahead else None
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         return self.rule.compensated(self.host.weights, grad, self.state, worker)
@@ -104,6 +109,8 @@ class DCProgram(MailboxProgram):
     def load_state_dict(self, state: Dict) -> None:
         super().load_state_dict(state)
         self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+        if self.lookahead is not None:
+            self.lookahead.rebuild(self.momentum)
         self.state.update(tensors_copy(state["rule"]))
         if "predictors" in self.state:
             self.state["predictors"] = {}
@@ -116,8 +123,18 @@ class DCProgram(MailboxProgram):
         step = self.compensated(worker, grad, payload)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
         self.host.add_sums(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
-        self.sgd.apply_(self.host.weights, step, self.momentum[worker], **self.step_kwargs(payload))
-        self.host.bump([staleness])
-        self.snapshot(worker)
+        kwargs = self.step_kwargs(payload)
+        if self.lookahead is None:
+            self.sgd.apply_(self.host.weights, step, self.momentum[worker], **kwargs)
+            self.host.bump([staleness])
+            self.snapshot(worker)
+        else:
+            self.lookahead.remove(self.momentum[worker])
+            self.sgd.apply_(self.host.weights, step, self.momentum[worker], **kwargs)
+            self.lookahead.add(self.momentum[worker])
+            self.host.bump([staleness])
+            self.snapshot(worker)
+            if not kwargs["nesterov"]:
+                self.lookahead.shift(self.host.outbox[worker], kwargs["lr"] * kwargs["momentum"])
         self.host.answer(worker, staleness, W.Status.APPLIED)
 

@@ -10,7 +10,7 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
-from .ps import F_LOSS, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_push_rate
+from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -31,10 +31,12 @@ class LCASGDOptions:
     compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
                               "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
+    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
         check_push_rate(self.push_rate)
+        check_lookahead(self.lookahead)
         _check_dc_numbers(self.lam, self.ms_momentum)
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
@@ -45,7 +47,7 @@ class LCASGDOptions:
         LCRule(**self.rule_options())  # validates
 
     def rule_options(self) -> Dict:
-        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate")}
+        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate", "lookahead")}
 
 
 
@@ -84,7 +86,7 @@ class LCASGD(DCASGD):
 
     @classmethod
     def server_options(cls, options) -> Dict:
-        return options.rule_options()
+        return dict(options.rule_options(), lookahead=options.lookahead)
 
     @classmethod
     def server_program(cls, host):
@@ -95,9 +97,9 @@ class LCASGD(DCASGD):
 class LCProgram(DCProgram):
     """dc-asgd's program with the step scaled by the worker's predicted loss (rules/lc.py)."""
 
-    def __init__(self, host, **options):
+    def __init__(self, host, lookahead=False, **options):
         MailboxProgram.__init__(self, host)
-        self.setup(LCRule(**options))
+        self.setup(LCRule(**options), lookahead)
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         loss = float(payload[F_LOSS])

@@ -127,6 +127,54 @@ PUSH_RATE_HELP = ("each push moves the global weights by 1/workers of the optimi
 
 
 
+LOOKAHEAD_HELP = ("answer each push with the weights the workers' momentum will carry the global ones to before "
+                  "this worker pushes again (DANA's look-ahead), so its next gradient is computed near where it "
+                  "lands: what lets momentum 0.9 train with many workers (softsync: with per-worker momentum; "
+                  "--no-lookahead: the plain weights)")
+
+
+def check_lookahead(value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"lookahead must be True or False, got {value!r}")
+
+
+class Lookahead:
+    """DANA-Zero's look-ahead (Hakimi et al., 2019, "Taming momentum in a distributed asynchronous
+    environment"), for server programs that keep a momentum buffer per worker.
+
+    Every worker's next push adds ``lr * momentum * buf_k`` (its momentum term) to the global weights
+    whatever its gradient, so by the time worker m's next gradient lands the weights have moved by
+    about ``lr * momentum * sum_k buf_k``: the program answers m with that point,
+    ``w - lr * momentum * sum_k buf_k``. The sum is kept as the buffers change (two adds a push).
+    """
+
+    def __init__(self, like: torch.Tensor):
+        self.total = torch.zeros_like(like)
+
+    def remove(self, state: Dict) -> None:
+        """Before a worker's buffer (its SGD state) changes."""
+        buf = state.get("momentum_buffer")
+        if buf is not None:
+            self.total.sub_(buf)
+
+    def add(self, state: Dict) -> None:
+        """After it changed."""
+        buf = state.get("momentum_buffer")
+        if buf is not None:
+            self.total.add_(buf)
+
+    def rebuild(self, states) -> None:
+        """From every worker's buffer (after a checkpoint load)."""
+        self.total.zero_()
+        for state in states:
+            self.add(state)
+
+    def shift(self, answer: torch.Tensor, step: float) -> None:
+        """``answer -= step * sum_k buf_k`` (``step``: the rate per push times the momentum)."""
+        if step:
+            answer.add_(self.total.to(answer.dtype), alpha=-step)
+
+
 def check_push_rate(value) -> None:
     if value not in PUSH_RATES:
         raise ValueError(f"push_rate must be 'average' (each push moves the global weights by "

@@ -10,7 +10,8 @@ from ..options import option
 from ..rules import staleness_scaled_mean_
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, MailboxStrategy, check_push_rate
+from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram, MailboxStrategy,
+                 check_lookahead, check_push_rate)
 
 
 @dataclass
@@ -25,10 +26,12 @@ class SoftSyncOptions:
                            "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
                            choices=("per-worker", "shared"))
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
+    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
         check_push_rate(self.push_rate)
+        check_lookahead(self.lookahead)
         if self.momentum not in ("per-worker", "shared"):
             raise ValueError(f"momentum must be 'per-worker' (one buffer per worker, as asgd and dc-asgd "
                              f"keep) or 'shared' (one buffer for every aggregate), got {self.momentum!r}")
@@ -86,7 +89,7 @@ class SoftSync(MailboxStrategy):
     @classmethod
     def server_options(cls, options) -> Dict:
         return {"n": options.n, "staleness_lr": options.staleness_lr, "momentum": options.momentum,
-                "push_rate": options.push_rate}
+                "push_rate": options.push_rate, "lookahead": options.lookahead}
 
     @classmethod
     def server_program(cls, host):
@@ -97,7 +100,7 @@ class SoftSync(MailboxStrategy):
 class SoftSyncProgram(MailboxProgram):
     outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
 
-    def __init__(self, host, n, staleness_lr, momentum="shared", push_rate="full"):
+    def __init__(self, host, n, staleness_lr, momentum="shared", push_rate="full", lookahead=False):
         super().__init__(host)
         self.c = max(1, host.spec.workers // n)
         self.scale = staleness_lr
@@ -110,6 +113,9 @@ class SoftSyncProgram(MailboxProgram):
         # asgd's), and the aggregate is the staleness-scaled mean of the workers' directions: n=1 is
         # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
         self.momentum = [{} for _ in range(host.spec.workers)] if momentum == "per-worker" else None
+        # the look-ahead needs the per-worker buffers, and the pushers' answers in their outbox slots
+        use = lookahead and self.momentum is not None and self.outbox_on_push
+        self.lookahead = Lookahead(host.weights) if use else None
 
     def on_push(self, worker, grad, payload) -> None:
         self.pending.append((worker, payload))
@@ -132,6 +138,8 @@ class SoftSyncProgram(MailboxProgram):
         super().load_state_dict(state)
         if self.momentum is not None and "momentum" in state:
             self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+            if self.lookahead is not None:
+                self.lookahead.rebuild(self.momentum)
 
     def on_leave(self, worker) -> None:
         super().on_leave(worker)
@@ -153,12 +161,20 @@ class SoftSyncProgram(MailboxProgram):
             for m, payload in self.pending:
                 kwargs = self.step_kwargs(payload)
                 del kwargs["lr"]
+                if self.lookahead is not None:
+                    self.lookahead.remove(self.momentum[m])
                 directions.append(self.sgd.direction(self.host.weights, self.host.inbox[m], self.momentum[m], **kwargs))
+                if self.lookahead is not None:
+                    self.lookahead.add(self.momentum[m])
             staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
             self.host.weights.add_(self.mean, alpha=-self.rate * self.step_kwargs(self.pending[-1][1])["lr"])
+        last = self.step_kwargs(self.pending[-1][1])
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         for m, s in zip(workers, staleness):
             self.snapshot(m, copy=self.outbox_on_push)
+            if self.lookahead is not None and not last["nesterov"]:
+                # each push's share of an aggregate's rate: rate * lr / c
+                self.lookahead.shift(self.host.outbox[m], self.rate * last["lr"] * last["momentum"] / len(workers))
             self.host.answer(m, s, W.Status.APPLIED)
 

@@ -127,10 +127,12 @@ def dc_formula():
     workers, numel, rounds = ha.size(), 37, 5
     init = torch.linspace(-1, 1, numel)
     grads = _sequence(numel, rounds * workers, integer=False)
-    for lam, adaptive, momentum in ((0.5, False, 0.0), (0.3, True, 0.0), (0.5, False, 0.5)):
+    for lam, adaptive, momentum, lookahead in ((0.5, False, 0.0, False), (0.3, True, 0.0, False),
+                                               (0.5, False, 0.5, False), (0.5, False, 0.5, True)):
         got = _run("dc-asgd", init, grads, lr=0.1, momentum=momentum, rounds=rounds, lam=lam,
-                   adaptive=adaptive, ms_momentum=0.9)
-        # by hand, in float64: w <- w - lr * buf_m, buf_m <- mom * buf_m + g + lam_t * g * g * (w - bak_m)
+                   adaptive=adaptive, ms_momentum=0.9, lookahead=lookahead)
+        # by hand, in float64: w <- w - lr * buf_m, buf_m <- mom * buf_m + g + lam_t * g * g * (w - bak_m);
+        # the backup is what worker m received: w, or with the look-ahead w - lr * mom * sum_k buf_k
         w = init.double().numpy().copy()
         backup = [w.copy() for _ in range(workers)]
         buf = [np.zeros(numel) for _ in range(workers)]
@@ -141,9 +143,9 @@ def dc_formula():
             lam_t = lam / np.sqrt(ms + 1e-7) if adaptive else lam
             buf[m] = momentum * buf[m] + g + lam_t * g * g * (w - backup[m])
             w = w - 0.1 / workers * buf[m]  # push_rate 'average' (the default): lr / workers per push
-            backup[m] = w.copy()
+            backup[m] = w - 0.1 / workers * momentum * sum(buf) if lookahead else w.copy()
         check(np.allclose(got.double().numpy(), w, rtol=1e-5, atol=1e-5),
-              f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum}: max error "
+              f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum} lookahead={lookahead}: max error "
               f"{np.abs(got.double().numpy() - w).max()}")
 
 

@@ -98,3 +98,58 @@ def test_softsync_momentum_survives_a_state_dict():
     for program in (first, second):
         push(program, 1, torch.ones(N))
     assert torch.equal(first.host.weights, second.host.weights)
+
+
+def _by_hand_lookahead(program, lr, momentum):
+    """``w - lr * momentum * sum_k buf_k`` from the program's per-worker buffers, summed here."""
+    total = torch.zeros(N)
+    for state in program.momentum:
+        if "momentum_buffer" in state:
+            total += state["momentum_buffer"]
+    return program.host.weights - lr * momentum * total
+
+
+def test_lookahead_answers_where_the_workers_momentum_carries_the_weights():
+    """dc-asgd (lam 0, so the backups do not enter the update): the look-ahead leaves the servers' weights
+    as they are and answers each push with them moved by every worker's momentum term."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
+    ahead = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    plain = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
+    order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2]
+    rng = gradients(len(order), seed=5)
+    for i, worker in enumerate(order):
+        push(ahead, worker, rng[i][worker])
+        push(plain, worker, rng[i][worker])
+        assert torch.equal(ahead.host.weights, plain.host.weights)
+        assert torch.equal(plain.host.outbox[worker], plain.host.weights)
+        torch.testing.assert_close(ahead.host.outbox[worker], _by_hand_lookahead(ahead, 0.1, 0.9),
+                                   rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(ahead.host.outbox[worker], ahead.host.weights)
+
+
+def test_softsync_lookahead_is_dc_asgds_at_n_workers():
+    """softsync with n = workers and the rate unscaled applies each push alone: its answers are
+    dc-asgd's (lam 0) look-ahead answers; the per-push share of the rate is lr / 1 here."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(6))
+    soft = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum="per-worker", lookahead=True)
+    dc = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    for i, worker in enumerate([3, 1, 0, 2, 1, 3, 0]):
+        grad = gradients(7, seed=7)[i][worker]
+        push(soft, worker, grad)
+        push(dc, worker, grad)
+        torch.testing.assert_close(soft.host.outbox[worker], dc.host.outbox[worker], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(soft.host.outbox[worker], _by_hand_lookahead(soft, 0.1, 0.9), rtol=1e-6,
+                                   atol=1e-6)
+
+
+def test_lookahead_sum_is_rebuilt_from_a_state_dict():
+    w0 = torch.zeros(N)
+    first = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    for i, worker in enumerate([0, 1, 2, 0]):
+        push(first, worker, gradients(4, seed=8)[i][worker])
+    second = DCProgram(FakeHost(first.host.weights), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    second.load_state_dict(first.state_dict())
+    second.host.version = first.host.version
+    for program in (first, second):
+        push(program, 3, torch.ones(N))
+    torch.testing.assert_close(second.host.outbox[3], first.host.outbox[3], rtol=0, atol=1e-6)
