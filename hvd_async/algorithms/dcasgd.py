@@ -133,8 +133,8 @@ class DCProgram(MailboxProgram):
             self.sgd.apply_(self.host.weights, step, self.momentum[worker], **kwargs)
             self.lookahead.add(self.momentum[worker])
             self.host.bump([staleness])
-            self.snapshot(worker)
-            if not kwargs["nesterov"]:
-                self.lookahead.shift(self.host.outbox[worker], kwargs["lr"] * kwargs["momentum"])
+            self.snapshot(worker, copy=False)
+            step = 0.0 if kwargs["nesterov"] else kwargs["lr"] * kwargs["momentum"]
+            self.lookahead.answer(self.host.outbox[worker], self.host.weights, step)
         self.host.answer(worker, staleness, W.Status.APPLIED)
 

@@ -169,10 +169,13 @@ class Lookahead:
         for state in states:
             self.add(state)
 
-    def shift(self, answer: torch.Tensor, step: float) -> None:
-        """``answer -= step * sum_k buf_k`` (``step``: the rate per push times the momentum)."""
+    def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float) -> None:
+        """``out <- weights - step * sum_k buf_k`` in one pass (``step``: the rate per push times the
+        momentum; ``out``: the worker's outbox slot, fp16 under compression)."""
         if step:
-            answer.add_(self.total.to(answer.dtype), alpha=-step)
+            torch.add(weights, self.total, alpha=-step, out=out)
+        else:
+            out.copy_(weights)
 
 
 def check_push_rate(value) -> None:

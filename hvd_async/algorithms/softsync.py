@@ -171,10 +171,13 @@ class SoftSyncProgram(MailboxProgram):
         last = self.step_kwargs(self.pending[-1][1])
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
+        # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c
+        step = 0.0 if last["nesterov"] else self.rate * last["lr"] * last["momentum"] / len(workers)
         for m, s in zip(workers, staleness):
-            self.snapshot(m, copy=self.outbox_on_push)
-            if self.lookahead is not None and not last["nesterov"]:
-                # each push's share of an aggregate's rate: rate * lr / c
-                self.lookahead.shift(self.host.outbox[m], self.rate * last["lr"] * last["momentum"] / len(workers))
+            if self.lookahead is None:
+                self.snapshot(m, copy=self.outbox_on_push)
+            else:
+                self.snapshot(m, copy=False)
+                self.lookahead.answer(self.host.outbox[m], self.host.weights, step)
             self.host.answer(m, s, W.Status.APPLIED)
 
