@@ -283,6 +283,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     args.workers = None if total is None else total - args.servers
     if args.algo == "softsync" and args.softsync_n is not None and not (
             1 <= args.softsync_n <= (args.workers if args.workers is not None else args.softsync_n)):
+        # before the options dataclass, whose own check cannot name the workers
         raise ConfigError(f"--softsync-n {args.softsync_n} must be between 1 and the number of workers "
                           f"({args.workers})")
     _validate_algorithm_options(args)
@@ -361,13 +362,9 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
 def _validate_algorithm_options(args: argparse.Namespace) -> None:
     """The algorithm's options as its options dataclass checks them (the one place their ranges are
     written), the error under the flag's name; then the checks that need the job's other values."""
-    if args.algo == "easgd" and args.alpha is not None and args.rho is not None:
-        raise ConfigError(f"give --alpha or --rho, not both (got --alpha {args.alpha} --rho {args.rho})")
-    options_cls = registry.strategy_class(args.algo).Options
+    cls = registry.strategy_class(args.algo)
     try:
-        options_cls(**algorithm_options(args))
+        cls.check_for_job(cls.Options(**algorithm_options(args)), workers=args.workers, lr=args.lr)
     except (ValueError, TypeError) as exc:
-        message = options.flag_message(options_cls, str(exc).splitlines()[0] if str(exc) else repr(exc))
+        message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))
         raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None
-    if args.algo == "easgd" and args.rho is not None and not 0 < args.rho * args.lr < 1:
-        raise ConfigError(f"--rho {args.rho} gives alpha = lr * rho = {args.rho * args.lr}; it must be in (0, 1)")

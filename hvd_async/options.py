@@ -14,6 +14,7 @@ dataclass's own ``__post_init__``; the command line reports its error under the 
 """
 import argparse
 import dataclasses
+import re
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -139,11 +140,25 @@ def from_args(options_cls, args: argparse.Namespace) -> Dict[str, Any]:
 
 def flag_message(options_cls, message: str) -> str:
     """An options dataclass's error as the command line says it: a message that starts with a field's
-    name starts with its flag instead."""
+    name starts with its flag instead; one that starts with "give " names the fields by their flags
+    up to its first parenthesis, and a parenthesis of ``field=value`` pairs becomes ``(got --flag
+    value ...)``: ``give alpha or rho, not both (alpha=0.1, rho=1.0)`` -> ``give --alpha or --rho,
+    not both (got --alpha 0.1 --rho 1.0)``."""
+    flags = {}
     for field, how in declared(options_cls):
         name = how.flag or (f"--{how.from_job.replace('_', '-')}" if how.from_job else None)
+        if name:
+            flags[field.name] = name
         if name and (message.startswith(field.name + " ") or message.startswith(field.name + ":")):
             return name + message[len(field.name):]
+    if message.startswith("give "):
+        head, paren, rest = message.partition("(")
+        head = "".join(flags.get(word, word) for word in re.split(r"(\W+)", head))
+        inside, close, tail = rest.partition(")")
+        pairs = [item.strip().split("=", 1) for item in inside.split(",")]
+        if close and all(len(pair) == 2 and pair[0] in flags for pair in pairs):
+            inside = "got " + " ".join(f"{flags[name]} {value}" for name, value in pairs)
+        return head + paren + inside + close + tail
     return message
 
 

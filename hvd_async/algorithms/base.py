@@ -1,8 +1,9 @@
 """The strategy interface: when and what to exchange, through a transport, applying a rule."""
 import abc
+import copy
 import dataclasses
 from contextlib import contextmanager
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -73,6 +74,14 @@ class Strategy(abc.ABC):
     def resolve_options(cls, options, workers: int) -> None:
         """Fill in the options' defaults that depend on the number of workers (softsync's n), in
         place, before any server is asked to open anything."""
+
+    @classmethod
+    def check_for_job(cls, options, *, workers: Optional[int], lr: float) -> None:
+        """The checks that need the job's other values, before it starts (``hvd-async train`` and
+        ``simulate``): a ValueError whose message starts with the option's name. Default: what
+        :meth:`resolve_options` refuses for ``workers`` (None: not known yet)."""
+        if workers is not None:
+            cls.resolve_options(copy.deepcopy(options), workers)
 
     @classmethod
     def server_options(cls, options) -> Dict[str, Any]:

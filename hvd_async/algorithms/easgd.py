@@ -103,6 +103,11 @@ class EASGD(Strategy):
     name = "easgd"
     Options = EASGDOptions
 
+    @classmethod
+    def check_for_job(cls, options, *, workers, lr: float) -> None:
+        if options.rho is not None and not 0 < lr * options.rho < 1:
+            raise ValueError(f"rho {options.rho} gives alpha = lr * rho = {lr * options.rho}; it must be in (0, 1)")
+
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         self.alpha = resolve_alpha(options.alpha, options.rho, float(optimizer.param_groups[0]["lr"]),
