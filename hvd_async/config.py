@@ -281,11 +281,6 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     if uses_servers and args.servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
     args.workers = None if total is None else total - args.servers
-    if args.algo == "softsync" and args.softsync_n is not None and not (
-            1 <= args.softsync_n <= (args.workers if args.workers is not None else args.softsync_n)):
-        # before the options dataclass, whose own check cannot name the workers
-        raise ConfigError(f"--softsync-n {args.softsync_n} must be between 1 and the number of workers "
-                          f"({args.workers})")
     _validate_algorithm_options(args)
     _validate_checkpoints(args)
     args.stragglers = parse_stragglers(args.straggler)
@@ -360,11 +355,13 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
 
 
 def _validate_algorithm_options(args: argparse.Namespace) -> None:
-    """The algorithm's options as its options dataclass checks them (the one place their ranges are
-    written), the error under the flag's name; then the checks that need the job's other values."""
-    cls = registry.strategy_class(args.algo)
+    """The checks of the algorithm's options that need the job's other values (its strategy's
+    ``check_for_job``), then the options as its options dataclass checks them (the one place their
+    ranges are written); the error under the flag's name."""
+    cls, given = registry.strategy_class(args.algo), algorithm_options(args)
     try:
-        cls.check_for_job(cls.Options(**algorithm_options(args)), workers=args.workers, lr=args.lr)
+        cls.check_for_job(given, workers=args.workers, lr=args.lr)  # first: its messages name the job's values
+        cls.Options(**given)
     except (ValueError, TypeError) as exc:
         message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))
         raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None

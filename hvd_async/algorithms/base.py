@@ -1,6 +1,5 @@
 """The strategy interface: when and what to exchange, through a transport, applying a rule."""
 import abc
-import copy
 import dataclasses
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional, Tuple
@@ -76,12 +75,11 @@ class Strategy(abc.ABC):
         place, before any server is asked to open anything."""
 
     @classmethod
-    def check_for_job(cls, options, *, workers: Optional[int], lr: float) -> None:
-        """The checks that need the job's other values, before it starts (``hvd-async train`` and
-        ``simulate``): a ValueError whose message starts with the option's name. Default: what
-        :meth:`resolve_options` refuses for ``workers`` (None: not known yet)."""
-        if workers is not None:
-            cls.resolve_options(copy.deepcopy(options), workers)
+    def check_for_job(cls, given: Dict[str, Any], *, workers: Optional[int], lr: float) -> None:
+        """The checks of ``hvd-async train`` and ``simulate`` that need the job's other values
+        (``workers``: None where not known yet), on the keyword options its flags set, before the
+        options dataclass checks them: a ValueError whose message starts with the option's name and
+        its value (the command line shows the flag instead of the name)."""
 
     @classmethod
     def server_options(cls, options) -> Dict[str, Any]:

@@ -1,5 +1,6 @@
 """dc-asgd: the servers apply each worker's gradient with delay compensation
-``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker."""
+``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker, and answer with the
+look-ahead weights (``lookahead``)."""
 from dataclasses import dataclass
 from typing import Any, Dict
 
@@ -66,6 +67,10 @@ class DCASGD(MailboxStrategy):
             skipped, as any non-finite one.
         push_rate: ``'average'`` (default: the server applies ``lr / workers`` per push, so a round
             of pushes makes one ssgd step, as asgd's) or ``'full'`` (``lr`` per push).
+        lookahead: answer each push with ``w - lr * momentum * sum_k buf_k`` (DANA's look-ahead, Hakimi
+            et al. 2019: where the workers' momentum will have carried the weights when this worker's
+            next gradient lands; the backup ``w_bak(m)`` is that point) instead of ``w`` (default
+            True; without momentum the two are the same).
     """
 
     name = "dc-asgd"

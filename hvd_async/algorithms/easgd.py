@@ -104,9 +104,10 @@ class EASGD(Strategy):
     Options = EASGDOptions
 
     @classmethod
-    def check_for_job(cls, options, *, workers, lr: float) -> None:
-        if options.rho is not None and not 0 < lr * options.rho < 1:
-            raise ValueError(f"rho {options.rho} gives alpha = lr * rho = {lr * options.rho}; it must be in (0, 1)")
+    def check_for_job(cls, given, *, workers, lr: float) -> None:
+        rho = given.get("rho")
+        if isinstance(rho, (int, float)) and not 0 < lr * rho < 1:
+            raise ValueError(f"rho {rho} gives alpha = lr * rho = {lr * rho}; it must be in (0, 1)")
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

@@ -72,7 +72,8 @@ class LCASGD(DCASGD):
     Options: dc-asgd's ``lam`` (0: no DC term), ``adaptive``, ``ms_momentum``; ``loss_term``
     (False: exactly dc-asgd), ``predictor`` (``"linear"``: a weighted fit of log-loss against
     version; ``"mlp"``: a tiny network trained online), ``predictor_options``, ``floor`` (the loss's
-    lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4).
+    lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4);
+    dc-asgd's ``lookahead`` (True).
     """
 
     name = "lc-asgd"

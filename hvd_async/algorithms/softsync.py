@@ -61,6 +61,8 @@ class SoftSync(MailboxStrategy):
             its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,
             so ``n=1`` is ssgd and ``n=workers`` with ``staleness_lr=False`` is asgd with
             ``push_rate='full'``) or ``'shared'`` (one buffer for every aggregate).
+        lookahead: with per-worker momentum, answer each push with the look-ahead weights, as
+            dc-asgd does (default True).
     """
 
     name = "softsync"
@@ -78,6 +80,12 @@ class SoftSync(MailboxStrategy):
     @classmethod
     def resolve_options(cls, options, workers: int) -> None:
         cls._resolve_n(options, workers)
+
+    @classmethod
+    def check_for_job(cls, given, *, workers, lr: float) -> None:
+        n = given.get("n")
+        if isinstance(n, int) and not 1 <= n <= (workers if workers is not None else max(n, 1)):
+            raise ValueError(f"n {n} must be between 1 and the number of workers ({workers})")
 
     @staticmethod
     def _resolve_n(options, workers: int) -> None:
