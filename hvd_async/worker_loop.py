@@ -12,6 +12,7 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 import logging
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -37,8 +38,6 @@ class Host:
         self.MAX = max_op
 
     def clock(self) -> float:
-        import time
-
         return time.perf_counter()
 
     def before_step(self, scale: float, last_work: float) -> float:

@@ -128,18 +128,17 @@ class DCProgram(MailboxProgram):
         step = self.compensated(worker, grad, payload)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
         self.host.add_sums(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
-        kwargs = self.step_kwargs(payload)
+        kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]
+        if self.lookahead is not None:
+            self.lookahead.remove(buffer)
+        self.sgd.apply_(self.host.weights, step, buffer, **kwargs)
+        self.host.bump([staleness])
         if self.lookahead is None:
-            self.sgd.apply_(self.host.weights, step, self.momentum[worker], **kwargs)
-            self.host.bump([staleness])
             self.snapshot(worker)
         else:
-            self.lookahead.remove(self.momentum[worker])
-            self.sgd.apply_(self.host.weights, step, self.momentum[worker], **kwargs)
-            self.lookahead.add(self.momentum[worker])
-            self.host.bump([staleness])
+            self.lookahead.add(buffer)
             self.snapshot(worker, copy=False)
-            step = 0.0 if kwargs["nesterov"] else kwargs["lr"] * kwargs["momentum"]
-            self.lookahead.answer(self.host.outbox[worker], self.host.weights, step)
+            ahead = 0.0 if kwargs["nesterov"] else kwargs["lr"] * kwargs["momentum"]
+            self.lookahead.answer(self.host.outbox[worker], self.host.weights, ahead)
         self.host.answer(worker, staleness, W.Status.APPLIED)
 

@@ -159,11 +159,12 @@ class SoftSyncProgram(MailboxProgram):
             return
         workers = [m for m, _ in self.pending]
         staleness = [self.staleness(m) for m in workers]
+        last = self.step_kwargs(self.pending[-1][1])  # the rate and momentum of the aggregate's step
         if self.momentum is None:
             staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
             if self.rate != 1.0:
                 self.mean.mul_(self.rate)
-            self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.pending[-1][1]))
+            self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **last)
         else:
             directions = []
             for m, payload in self.pending:
@@ -175,8 +176,7 @@ class SoftSyncProgram(MailboxProgram):
                 if self.lookahead is not None:
                     self.lookahead.add(self.momentum[m])
             staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
-            self.host.weights.add_(self.mean, alpha=-self.rate * self.step_kwargs(self.pending[-1][1])["lr"])
-        last = self.step_kwargs(self.pending[-1][1])
+            self.host.weights.add_(self.mean, alpha=-self.rate * last["lr"])
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c

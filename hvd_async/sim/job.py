@@ -147,7 +147,7 @@ class _SimHost(Host):
         if not loop.reporter:
             return {}
         args = loop.args
-        return {"wall_seconds": round(wall, 6), "server_ms_per_push": None, "time_base": "simulated",
+        return {"wall_seconds": round(wall, 6), "time_base": "simulated",
                 "simulator": dict(_simulator_info(args), events=self.sched.events,
                                   exchanges=self.cluster.net.exchanges,
                                   replay=self.cluster.replayed(self.transports))}  # every worker has closed
