@@ -64,7 +64,7 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--servers", type=int, default=d(None),
                    help="parameter-server ranks (default: 1 for parameter-server algorithms, else 0)")
     p.add_argument("--dataset", default=d("digits"), metavar="NAME",
-                   help=f"one of: {', '.join(DATASETS)}; digits and synthetic need no files")
+                   help=f"one of: {', '.join(DATASETS)}; digits, synthetic and teacher need no files")
     p.add_argument("--data-dir", default=d(None), metavar="DIR",
                    help="folder with the standard files of mnist, cifar10 or imagenet")
     p.add_argument("--image-size", type=int, default=d(None),
@@ -292,7 +292,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argp
     if args.dataset in FILE_DATASETS:
         if not args.data_dir:
             raise ConfigError(f"--dataset {args.dataset} needs --data-dir (a folder with its standard "
-                              f"files); digits and synthetic need none")
+                              f"files); digits, synthetic and teacher need none")
         if not os.path.isdir(args.data_dir):
             raise ConfigError(f"--data-dir {args.data_dir} does not exist or is not a folder")
     _validate_outputs(args)

@@ -9,6 +9,10 @@ input_shape, int64 label)`` pairs.
   and ``data_dir`` are ignored.
 * ``synthetic``: generated from ``seed``; one random prototype image per class
   plus Gaussian noise, so a small model learns it in a few epochs.
+* ``teacher``: 24,000 training and 4,000 test 16x16 Gaussian images, labelled by
+  a fixed random two-layer network (the same task for every seed; ``seed``
+  draws the images). Large enough that many workers still make many pushes an
+  epoch, and hard enough that a small model stays well below 100%.
 * ``mnist``, ``cifar10``, ``imagenet``: read from ``data_dir`` with torchvision,
   never downloaded.
 
@@ -23,13 +27,20 @@ from torch.utils.data import Dataset, TensorDataset
 
 from .checks import is_int_at_least
 
-DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagenet")
+DATASETS = ("digits", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
 
 NUM_SYNTHETIC_CLASSES = 10
 # Per-pixel noise around each class prototype (prototype pixels are N(0, 1)).
 # A single pixel tells little about the class; a model that pools many pixels
 # learns the classes within a few epochs.
 SYNTHETIC_NOISE = 3.0
+
+# The teacher task: images of TEACHER_SIDE x TEACHER_SIDE N(0, 1) pixels (stored x TEACHER_SCALE, so
+# that lr 0.1 with momentum suits it as it suits digits), the class the argmax of a random
+# tanh network with TEACHER_HIDDEN units (weights from TEACHER_SEED, class scores centred so that no
+# class is rare). A 128-unit MLP reaches about 0.75 test accuracy in 5 epochs.
+TEACHER_SIDE, TEACHER_HIDDEN, TEACHER_SEED, TEACHER_SCALE = 16, 32, 20, 0.25
+TEACHER_TRAIN, TEACHER_TEST = 24_000, 4_000
 
 CIFAR10_FOLDER = "cifar-10-batches-py"
 
@@ -61,6 +72,8 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
         raise DataError(f"image_size must be a positive integer, got {image_size!r}")
     if name == "digits":
         return _digits(seed)
+    if name == "teacher":
+        return _teacher(seed)
     if name == "synthetic":
         if not is_int_at_least(synthetic_samples, 4):
             raise DataError(f"synthetic_samples must be an integer of at least 4 "
@@ -68,7 +81,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
         return _synthetic(seed, image_size or 32, synthetic_samples)
     if data_dir is None:
         raise DataError(f"dataset {name!r} needs --data-dir pointing at {_NEEDS[name]}; "
-                        f"digits and synthetic need no files")
+                        f"digits, synthetic and teacher need no files")
     data_dir = os.path.abspath(os.path.expanduser(str(data_dir)))
     if not os.path.isdir(data_dir):
         raise DataError(f"data directory {data_dir} does not exist or is not a folder; "
@@ -127,3 +140,22 @@ def _synthetic(seed: int, size: int, samples: int) -> DataSplits:
         return TensorDataset(images, labels)
 
     return DataSplits(draw(samples), draw(samples // 4), NUM_SYNTHETIC_CLASSES, shape)
+
+
+def _teacher(seed: int) -> DataSplits:
+    inputs = TEACHER_SIDE * TEACHER_SIDE
+    task = torch.Generator().manual_seed(TEACHER_SEED)
+    w1 = torch.randn(inputs, TEACHER_HIDDEN, generator=task) / inputs ** 0.5
+    w2 = torch.randn(TEACHER_HIDDEN, NUM_SYNTHETIC_CLASSES, generator=task) / TEACHER_HIDDEN ** 0.5
+
+    def scores(x):
+        return torch.tanh(x.flatten(1) @ w1) @ w2
+
+    centre = scores(torch.randn(8192, inputs, generator=task)).mean(0)
+    draw_gen = torch.Generator().manual_seed(seed)
+
+    def draw(count: int) -> TensorDataset:
+        x = torch.randn(count, 1, TEACHER_SIDE, TEACHER_SIDE, generator=draw_gen)
+        return TensorDataset(x * TEACHER_SCALE, (scores(x) - centre).argmax(1))
+
+    return DataSplits(draw(TEACHER_TRAIN), draw(TEACHER_TEST), NUM_SYNTHETIC_CLASSES, (1, TEACHER_SIDE, TEACHER_SIDE))

@@ -108,23 +108,65 @@ def test_synthetic_deterministic_per_seed():
 
 def test_synthetic_is_learnable_but_not_separable_at_initialisation():
     splits = load_dataset("synthetic", seed=0, synthetic_samples=1024, image_size=8)
-    x, y = splits.train.tensors
     x_test, y_test = splits.test.tensors
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
     with torch.no_grad():
         initial = (model(x_test).argmax(1) == y_test).float().mean().item()
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(5):
+    accuracy = _trained_accuracy(model, splits, epochs=5, momentum=0.0)
+    assert initial < 0.4
+    assert accuracy > 0.8
+
+
+# ---------------------------------------------------------------- teacher
+
+@pytest.fixture(scope="module")
+def teacher():
+    return load_dataset("teacher", seed=0), load_dataset("teacher", seed=0), load_dataset("teacher", seed=1)
+
+
+def test_teacher_sizes_shapes_and_balance(teacher):
+    splits = teacher[0]
+    x, y = splits.train.tensors
+    assert x.shape == (24_000, 1, 16, 16) and len(splits.test) == 4_000
+    assert splits.input_shape == (1, 16, 16) and splits.num_classes == 10
+    counts = torch.bincount(y, minlength=10)
+    assert counts.min().item() > 0.03 * len(y), counts.tolist()  # no class left out by the teacher
+
+
+def test_teacher_images_follow_the_seed_and_the_labels_do_not_depend_on_it(teacher):
+    a, b, c = teacher
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0]) and torch.equal(a.test.tensors[1], b.test.tensors[1])
+    assert not torch.equal(a.train.tensors[0], c.train.tensors[0])
+    # one labelling function: a nearest-neighbour vote across seeds agrees far above chance
+    xa, ya = a.train.tensors
+    xc, yc = c.test.tensors
+    nearest = torch.cdist(xc[:500].flatten(1), xa.flatten(1)).topk(15, largest=False).indices
+    vote = torch.mode(ya[nearest], dim=1).values
+    assert (vote == yc[:500]).float().mean().item() > 0.2
+
+
+def test_teacher_is_learnable_but_not_to_the_last_image(teacher):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    accuracy = _trained_accuracy(model, teacher[0], epochs=2, momentum=0.9)
+    assert 0.5 < accuracy < 0.95, accuracy
+
+
+def _trained_accuracy(model, splits, *, epochs, momentum) -> float:
+    """Test accuracy of ``model`` after ``epochs`` in order over the training split (SGD, lr 0.1, batch 32)."""
+    x, y = splits.train.tensors
+    x_test, y_test = splits.test.tensors
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    for _ in range(epochs):
         for i in range(0, len(x), 32):
             loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
     with torch.no_grad():
-        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-    assert initial < 0.4
-    assert accuracy > 0.8
+        return (model(x_test).argmax(1) == y_test).float().mean().item()
 
 
 # ---------------------------------------------------------------- mnist
@@ -317,9 +359,9 @@ def test_imagenet_unreadable_image_names_the_file(tmp_path):
 
 def test_unknown_dataset_lists_choices():
     with pytest.raises(DataError, match=r"^unknown dataset 'foo'; choose one of: "
-                                        r"digits, synthetic, mnist, cifar10, imagenet$"):
+                                        r"digits, synthetic, teacher, mnist, cifar10, imagenet$"):
         load_dataset("foo")
-    assert DATASETS == ("digits", "synthetic", "mnist", "cifar10", "imagenet")
+    assert DATASETS == ("digits", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
 
 
 @pytest.mark.parametrize("name,hint", [("mnist", "train-images-idx3-ubyte"),
@@ -330,7 +372,7 @@ def test_file_datasets_need_data_dir(name, hint):
         load_dataset(name)
     message = str(caught.value)
     assert message.startswith(f"dataset '{name}' needs --data-dir pointing at")
-    assert hint in message and "digits and synthetic need no files" in message
+    assert hint in message and "digits, synthetic and teacher need no files" in message
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10", "imagenet"])
