@@ -16,16 +16,6 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_check  # noqa: E402  (benchmarks/ is not a package)
 
-# These records predate provenance (commit, clean tree, machine, command): their figures cannot be tied
-# to a commit, and each must be rerun on a clean tree (then removed from here; the test below insists).
-# Any record not listed here must carry provenance.
-LEGACY = {
-    "compensation_delay.json", "compensation_hetero.json",
-    "overlap_accuracy.json", "overlap_budget.json", "overlap_throughput.json",
-    "reproduce_compensation.json", "reproduce_hetero.json", "reproduce_hpsgd.json", "reproduce_odsgd.json",
-    "reproduce_scaling.json",
-    "scaling_scaling.json",
-}
 PROVENANCE_KEYS = ("commit", "tree_clean", "machine", "versions", "command", "date_utc")
 
 
@@ -59,9 +49,9 @@ def history():
 
 
 def problems(name, record, commit_exists=_commit_exists) -> list:
-    """What is wrong with one record's provenance (empty: nothing); legacy records are let through."""
+    """What is wrong with one record's provenance (empty: nothing)."""
     if "provenance" not in record:
-        return [] if name in LEGACY else [f"{name}: no provenance block (write it through benchmarks/common.py save)"]
+        return [f"{name}: no provenance block (write it through benchmarks/common.py save)"]
     prov, found = record["provenance"], []
     missing = [key for key in PROVENANCE_KEYS if key not in prov]
     if missing:
@@ -87,12 +77,6 @@ def test_every_record_has_provenance_with_a_known_commit_and_a_clean_tree(histor
     assert not found, "\n".join(found)
 
 
-def test_legacy_list_is_current():
-    """A legacy record that was rerun (it has provenance now) or removed leaves the list."""
-    stale = sorted(name for name in LEGACY if name not in RECORDS or "provenance" in RECORDS[name])
-    assert not stale, f"remove from LEGACY (rerun with provenance, or gone): {stale}"
-
-
 def test_commit_lookup_can_fail(history):
     """The lookup tells a missing commit from a present one."""
     assert _commit_exists(_git("rev-parse", "HEAD").stdout.strip())
@@ -107,7 +91,6 @@ def test_problems_catch_each_fault():
             "library": {"commit": "a" * 40, "library_modified": False}}
     known = {"a" * 40}.__contains__
     assert problems("new.json", good, known) == []
-    assert problems("scaling_scaling.json", {}, known) == []  # legacy
     assert problems("new.json", {}, known)
     for key, value in (("commit", "b" * 40), ("tree_clean", False), ("machine", {}), ("command", None)):
         bad = json.loads(json.dumps(good))
