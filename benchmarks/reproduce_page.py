@@ -47,7 +47,7 @@ def _section(summary: dict, image: str, page_dir: str) -> str:
            "", _table(summary["table"]["columns"], summary["table"]["rows"]), "",
            f"![{summary['part']}]({os.path.relpath(image, page_dir)})", "",
            f"**Criterion.** {summary['criterion']}", "",
-           f"**Verdict: {MARK[summary['verdict']]}.**", ""]
+           f"**Verdict:** {MARK[summary['verdict']]}.", ""]
     out += [f"- {c.get('source', 'simulated')}: {c['claim']}: **{c['verdict']}** ({c['why']})."
             for c in summary["claims"]]
     out.append("")
