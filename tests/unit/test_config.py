@@ -40,7 +40,7 @@ def test_bad_yaml(tmp_path, text, match):
 
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "sgd"], "unknown algorithm 'sgd'; choose one of: ssgd, asgd, dc-asgd"),
-    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, synthetic, mnist, cifar10, imagenet"),
+    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, synthetic, teacher, mnist, cifar10, imagenet"),
     (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, resnet18, resnet50"),
     (["--lr", "0"], "--lr must be > 0, got 0.0"),
     (["--lr", "nan"], "--lr must be > 0, got nan"),
