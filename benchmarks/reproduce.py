@@ -36,7 +36,8 @@ MARGIN = 0.01  # one point of test accuracy (3.6 of digits' 360 test images), th
 # "A beats B" means A's mean is above B's by more than MARGIN, "A matches B" that it is at least B's - MARGIN
 CHANCE = 0.1  # test accuracy of a guess among 10 classes: the score of a run with no final model
 BATCH = 32  # the job's per-worker batch (the simulator's default)
-TRAIN_SIZE = {"digits": 1437, "teacher": 24000}  # training images of each task
+TRAIN_SIZE = {"digits": 1437, "teacher": 24000}  # training images of each task (a test checks them against
+# hvd_async.data; not imported here, so that the page and plots are redrawn without loading torch)
 MEANINGFUL_ROUND = 0.5  # a worker count counts in a check only if its round of pushes is at most this share
 # of an epoch (digits: up to 22 workers; teacher: all): beyond it every worker computes its pushes from the
 # epoch's first weights, and a result measures the tiny dataset, not the algorithm
@@ -174,8 +175,8 @@ def meaningful(workers, dataset):
     return [n for n in workers if n * BATCH <= MEANINGFUL_ROUND * TRAIN_SIZE[dataset]]
 
 
-def real_claim(claim, passed, why) -> dict:
-    """A check of a claim on a real run (``passed`` None: no such record)."""
+def real_claim(claim, passed: bool, why) -> dict:
+    """A check of a claim on a real run's record (callers skip the check where there is no record)."""
     return {"claim": claim, "source": "real runs", "verdict": "reproduced" if passed else "not", "why": why}
 
 
@@ -282,7 +283,8 @@ def compensation(args, dataset="digits") -> dict:
               sim_argv(a, workers=n, epochs=epochs, seed=s, momentum=0.0, push_rate="full", dataset=dataset,
                        **DELAYS[d], **COMP_ALGOS[a]))
              for d in delays for n in workers for s in seeds(args) for a in COMP_ALGOS]
-    rows = simulate_rows("compensation" + ("_teacher" if teacher else ""), specs, args)
+    part = "compensation_teacher" if teacher else "compensation"
+    rows = simulate_rows(part, specs, args)
     counted = meaningful(workers, dataset)
     mean, table = {}, []
     for d in delays:
@@ -351,7 +353,7 @@ def compensation(args, dataset="digits") -> dict:
             "why momentum 0": "momentum multiplies the effect of staleness; at the job's 0.9 asgd diverged "
                               "from 16 workers in first tries, leaving nothing to compare"})
     return part_summary(
-        "compensation" + ("_teacher" if teacher else ""), args, rows, claims, table=table, dataset=dataset,
+        part, args, rows, claims, table=table, dataset=dataset,
         title="dc-asgd and lc-asgd against asgd as workers and delay grow"
               + (" (teacher task, 24,000 images)" if teacher else ""),
         claim="dc-asgd (Zheng et al.) beats asgd at small delay and degrades as the delay grows; lc-asgd (Li et al.) "
@@ -421,7 +423,8 @@ def scaling(args, dataset="digits") -> dict:
               sim_argv(a, workers=n, epochs=max(2, per4 * n // 4), seed=s, latency_ms=2.0, delay_dist="lognormal",
                        delay_shape=0.5, dataset=dataset, **SCALE_ALGOS[a]))
              for n in workers for s in seeds(args) for a in SCALE_ALGOS]
-    rows = simulate_rows("scaling" + ("_teacher" if teacher else ""), specs, args)
+    part = "scaling_teacher" if teacher else "scaling"
+    rows = simulate_rows(part, specs, args)
     table, first = [], {}
     for r in rows:
         r["time_to_target"] = time_to(r["curve"], target)
@@ -429,8 +432,7 @@ def scaling(args, dataset="digits") -> dict:
         reach = {}
         for a in SCALE_ALGOS:
             cell = select(rows, algo=a, workers=n)
-            times = [r["time_to_target"] for r in cell]
-            reach[a] = statistics.mean(times) if all(t is not None for t in times) else math.inf
+            reach[a] = mean_time([r["time_to_target"] for r in cell])
             table.append([n, a, "never" if reach[a] == math.inf else f"{reach[a]:.3f}",
                           fmt(stats([r["score"] for r in cell])), failures(cell)])
         first[n] = first_of(reach)
@@ -451,14 +453,13 @@ def scaling(args, dataset="digits") -> dict:
             for r in real["runs"]:
                 if r["workers"] == n:
                     times.setdefault(r["algo"], []).append(r["time_to_target"])
-            real_first[n] = first_of({a: statistics.mean(t) if None not in t else math.inf
-                                      for a, t in times.items() if a in SCALE_ALGOS})
+            real_first[n] = first_of({a: mean_time(t) for a, t in times.items() if a in SCALE_ALGOS})
         claims.append(real_claim("asynchronous averaging first at few workers",
                                  all(a in ("easgd", "gossip") for a in real_first.values()),
                                  f"scaling_scaling.json, digits, real, first to {real['target']} test accuracy in "
                                  "wall time: " + ", ".join(f"{n} workers {a}" for n, a in real_first.items())))
     return part_summary(
-        "scaling" + ("_teacher" if teacher else ""), args, rows, claims, table=table, dataset=dataset,
+        part, args, rows, claims, table=table, dataset=dataset,
         title="easgd and gossip against ssgd as workers grow" + (" (teacher task, 24,000 images)" if teacher else ""),
         claim="Jin et al.: asynchronous methods (elastic averaging, gossip) converge faster with fewer nodes "
               "(up to about 32); synchronous SGD scales better with more (up to about 100).",
@@ -476,6 +477,11 @@ def scaling(args, dataset="digits") -> dict:
         columns=["workers", "algorithm", "simulated s to target", "final test accuracy", "failed"],
         earlier_real_runs=real and {"scaling_scaling (real, digits): seconds to target":
                                     {f"{r['workers']} {r['algo']}": r["time_to_target"] for r in real["runs"]}})
+
+
+def mean_time(times) -> float:
+    """The mean time to target over seeds; infinite when a seed never got there (None)."""
+    return statistics.mean(times) if None not in times else math.inf
 
 
 def first_of(reach: dict) -> str:

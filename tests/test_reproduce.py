@@ -173,6 +173,9 @@ def test_counts_that_count_and_ties():
     """A worker count counts only where its round of pushes is at most half an epoch (digits: up to 16 of
     the study's counts; the teacher task: all); a time within 5% of the next is a tie, first for no one."""
     reproduce = _reproduce()
+    from hvd_async.data import load_dataset
+
+    assert {name: len(load_dataset(name).train) for name in reproduce.TRAIN_SIZE} == reproduce.TRAIN_SIZE
     assert reproduce.meaningful([4, 8, 16, 32, 64], "digits") == [4, 8, 16]
     assert reproduce.meaningful([4, 16, 64], "teacher") == [4, 16, 64]
     assert reproduce.first_of({"ssgd": 1.0, "easgd": 1.2, "gossip": float("inf")}) == "ssgd"

@@ -84,7 +84,7 @@ class SoftSync(MailboxStrategy):
     @classmethod
     def check_for_job(cls, given, *, workers, lr: float) -> None:
         n = given.get("n")
-        if isinstance(n, int) and not 1 <= n <= (workers if workers is not None else max(n, 1)):
+        if isinstance(n, int) and (n < 1 or (workers is not None and n > workers)):
             raise ValueError(f"n {n} must be between 1 and the number of workers ({workers})")
 
     @staticmethod
