@@ -1,7 +1,12 @@
 """The driver of the check scripts run under mpirun (ps_checks.py, odsgd_checks.py): servers serve
 and print what they hosted; workers run the named checks in order (all when none is named), and a
 failing check aborts the whole job so no rank is left waiting. A rank that finished ends its process
-with ``exit_process(0)`` (MPI finalized, no interpreter teardown: most of a second a rank)."""
+with ``exit_process(0)`` (MPI finalized, no interpreter teardown: most of a second a rank).
+
+A rank still running after ``HVD_ASYNC_CHECK_WATCHDOG`` seconds (240; tests/procs.py sets it a little
+under the test's own timeout) prints every thread's Python stack and exits 1, which ends the job: a
+hang leaves the place it hung in the test's output, not only a timeout."""
+import faulthandler
 import os
 import sys
 import traceback
@@ -23,6 +28,7 @@ def check(cond, what):
 
 
 def main(checks, names, banner: str) -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("HVD_ASYNC_CHECK_WATCHDOG", "240")), exit=True)
     ha.init(servers=int(os.environ.get("SERVERS", "1")))
     if ha.is_server():
         report = ha.serve()
