@@ -36,6 +36,33 @@ def relaunch(script: str, np: int, mpi_args: str = "") -> int:
     return run(mpirun_command(np, program(script), mpi_args=mpi_args))
 
 
+NETNS_TOOL = os.environ.get("HVD_ASYNC_NETNS_TOOL",
+                            os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster"))
+NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}  # apart from the tests' cluster
+MODES = ("shm", "no-shm", "netns")
+MODES_HELP = "shm: one node; no-shm: one node over TCP; netns: 3 hosts of ../shared/tools/netns-cluster (needs root)"
+
+
+def launch_mode(script: str, np: int, mode: str) -> int:
+    """Run ``script`` with the same arguments on ``np`` ranks: on this node with windows in shared
+    memory (``shm``) or over TCP only (``no-shm``), or across the 3 hosts of the netns cluster
+    (``netns``: brought up for the run and down after it)."""
+    if mode != "netns":
+        return relaunch(script, np, "--mca btl self,tcp --mca osc ^sm" if mode == "no-shm" else "")
+    name = os.path.splitext(os.path.basename(script))[0]
+    if not os.path.isfile(NETNS_TOOL):
+        print(f"{name}: error: {NETNS_TOOL} not found (set HVD_ASYNC_NETNS_TOOL)", file=sys.stderr)
+        return 2
+    env = dict(os.environ, **NETNS_ENV)
+    if subprocess.run(["bash", NETNS_TOOL, "up", "3"], env=env).returncode != 0:
+        print(f"{name}: error: could not build the netns cluster (needs root and iproute2)", file=sys.stderr)
+        return 2
+    try:
+        return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(np), *program(script)], env=env).returncode
+    finally:
+        subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
+
+
 def save(summary: dict, out: str, plot) -> None:
     """Write ``summary`` as JSON to ``out`` (see :func:`write_record`) and ``plot(summary, path)``
     beside it as PNG."""

@@ -9,6 +9,7 @@ halve), with the spread of the per-block ratios. Writes JSON and a plot to bench
 
     python benchmarks/fp16_push.py --mode shm      # one node, windows in shared memory
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
+    python benchmarks/fp16_push.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster: bytes cost
 """
 import argparse
 import os
@@ -16,7 +17,7 @@ import statistics
 import sys
 import time
 
-from common import HERE, parse_size, pyplot, relaunch, save, spread, under_mpirun
+from common import HERE, MODES, MODES_HELP, launch_mode, parse_size, pyplot, save, spread, under_mpirun
 
 SIZES = ["1MB", "4MB", "16MB"]
 
@@ -24,8 +25,7 @@ SIZES = ["1MB", "4MB", "16MB"]
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--mode", choices=("shm", "no-shm"), default="shm",
-                   help="shm: windows in shared memory; no-shm: TCP only")
+    p.add_argument("--mode", choices=MODES, default="shm", help=MODES_HELP)
     p.add_argument("--np", type=int, default=3, help="MPI ranks: 1 server + np-1 workers")
     p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated fp32 buffer sizes")
     p.add_argument("--blocks", type=int, default=8, help="alternating blocks (fp32, fp16) per size")
@@ -126,7 +126,7 @@ def plot(summary, path):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not under_mpirun():
-        return relaunch(__file__, args.np, "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else "")
+        return launch_mode(__file__, args.np, args.mode)
     return bench(args)
 
 

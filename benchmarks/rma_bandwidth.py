@@ -21,24 +21,20 @@ and a plot to benchmarks/results/.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from common import (HERE, ROOT, apply_quick, parse_size, program, quick_help, relaunch, save, spread,
+from common import (HERE, MODES, MODES_HELP, apply_quick, launch_mode, parse_size, quick_help, save, spread,
                     under_mpirun)
 
 SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 QUICK = {"sizes": "1KB,1MB,4MB", "seconds": 0.1}  # --quick: the sizes the targets name, shorter blocks
-NETNS_TOOL = os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster")
-NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--mode", choices=("shm", "no-shm", "netns"), default="shm",
-                   help="shm: one node; no-shm: one node over TCP; netns: 3 hosts (needs root)")
+    p.add_argument("--mode", choices=MODES, default="shm", help=MODES_HELP)
     p.add_argument("--np", type=int, default=3, help="MPI ranks: 1 server + np-1 workers")
     p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated buffer sizes")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (raw, ours) per size")
@@ -64,24 +60,6 @@ def parse_args(argv=None):
     name = "rma_atomic_reads" if args.atomic_reads else "rma_bandwidth"
     args.out = args.out or os.path.join(HERE, "results", f"{name}_{args.mode}.json")
     return args
-
-
-def launch(args) -> int:
-    if args.mode != "netns":
-        return relaunch(__file__, args.np, "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else "")
-    if not os.path.isfile(NETNS_TOOL):
-        print(f"rma_bandwidth: error: {NETNS_TOOL} not found", file=sys.stderr)
-        return 2
-    env = dict(os.environ, **NETNS_ENV)
-    up = subprocess.run(["bash", NETNS_TOOL, "up", "3"], env=env)
-    if up.returncode != 0:
-        print("rma_bandwidth: error: could not build the netns cluster (needs root)", file=sys.stderr)
-        return 2
-    try:
-        return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(args.np), *program(__file__)],
-                              env=env).returncode
-    finally:
-        subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
 
 
 def bench(args) -> int:
@@ -230,7 +208,7 @@ def plot(summary, path):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not under_mpirun():
-        return launch(args)
+        return launch_mode(__file__, args.np, args.mode)
     return bench(args)
 
 
