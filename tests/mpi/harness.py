@@ -4,11 +4,13 @@ failing check aborts the whole job so no rank is left waiting. A rank that finis
 with ``exit_process(0)`` (MPI finalized, no interpreter teardown: most of a second a rank).
 
 A rank still running after ``HVD_ASYNC_CHECK_WATCHDOG`` seconds (240; tests/procs.py sets it a little
-under the test's own timeout) prints every thread's Python stack and exits 1, which ends the job: a
-hang leaves the place it hung in the test's output, not only a timeout."""
+under the test's own timeout) prints every thread's Python stack, and 5 s later (every rank has
+printed by then) exits 1, which ends the job: a hang leaves the place each rank hung in the test's
+output, not only a timeout."""
 import faulthandler
 import os
 import sys
+import threading
 import traceback
 
 import hvd_async as ha
@@ -27,8 +29,17 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def _arm_watchdog(seconds: float) -> None:
+    """Print every thread's stack after ``seconds`` (from C: even while this rank is blocked in MPI),
+    then exit 1 five seconds later, so that the other ranks print theirs before the job ends."""
+    faulthandler.dump_traceback_later(seconds, exit=False)
+    timer = threading.Timer(seconds + 5, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+
+
 def main(checks, names, banner: str) -> None:
-    faulthandler.dump_traceback_later(float(os.environ.get("HVD_ASYNC_CHECK_WATCHDOG", "240")), exit=True)
+    _arm_watchdog(float(os.environ.get("HVD_ASYNC_CHECK_WATCHDOG", "240")))
     ha.init(servers=int(os.environ.get("SERVERS", "1")))
     if ha.is_server():
         report = ha.serve()
