@@ -32,7 +32,8 @@ def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None,
     """Run ``cmd``; on timeout kill its whole process group and fail (a hang is a bug, not a flake)."""
     # the check scripts' watchdog (tests/mpi/harness.py) fires first and prints where each rank hung
     watchdog = str(max(timeout - 15, 0.9 * timeout))
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", HVD_ASYNC_CHECK_WATCHDOG=watchdog, **(env or {}))
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", HVD_ASYNC_CHECK_WATCHDOG=watchdog)
+    full_env.update(env or {})
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=cwd, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
     try:

@@ -24,3 +24,14 @@ def test_reads_beside_concurrent_accumulates(np, mode):
         assert re.search(r"GOSSIP GET reads=\d+ ", result.out), result.out[-3000:]
     else:
         assert "GOSSIP GET SKIPPED" in result.out
+
+
+def test_a_hung_check_prints_every_rank_and_ends():
+    """The check scripts' watchdog (tests/mpi/harness.py): a check that cannot end (reads without
+    end) prints every rank's Python stack, then ends the job with a failure, well before the test's
+    own timeout would (without the watchdog this test times out)."""
+    env = dict(ENV, READS=str(10 ** 9), HVD_ASYNC_CHECK_WATCHDOG="8")
+    result = mpirun(4, python("tests/mpi/rma_read_checks.py"), env=env, timeout=120)
+    assert result.returncode != 0, result.out[-3000:]
+    assert result.out.count("most recent call first") >= 4, result.out[-3000:]  # a stack per rank at least
+    assert "in serve" in result.out and "in _race" in result.out, result.out[-3000:]
