@@ -40,6 +40,7 @@ NETNS_TOOL = os.environ.get("HVD_ASYNC_NETNS_TOOL",
                             os.path.join(os.path.dirname(ROOT), "shared", "tools", "netns-cluster"))
 NETNS_ENV = {"NETNS_PREFIX": "hvdbench", "NETNS_SUBNET": "10.77.0"}  # apart from the tests' cluster
 MODES = ("shm", "no-shm", "netns")
+NO_SHM_MPI_ARGS = "--mca btl self,tcp --mca osc ^sm"  # one node, talking as separate nodes do (TCP only)
 MODES_HELP = "shm: one node; no-shm: one node over TCP; netns: 3 hosts of ../shared/tools/netns-cluster (needs root)"
 
 
@@ -48,7 +49,7 @@ def launch_mode(script: str, np: int, mode: str) -> int:
     memory (``shm``) or over TCP only (``no-shm``), or across the 3 hosts of the netns cluster
     (``netns``: brought up for the run and down after it)."""
     if mode != "netns":
-        return relaunch(script, np, "--mca btl self,tcp --mca osc ^sm" if mode == "no-shm" else "")
+        return relaunch(script, np, NO_SHM_MPI_ARGS if mode == "no-shm" else "")
     name = os.path.splitext(os.path.basename(script))[0]
     if not os.path.isfile(NETNS_TOOL):
         print(f"{name}: error: {NETNS_TOOL} not found (set HVD_ASYNC_NETNS_TOOL)", file=sys.stderr)

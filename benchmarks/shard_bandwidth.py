@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from common import HERE, ROOT, parse_size, program, pyplot, save, spread, under_mpirun
+from common import HERE, NO_SHM_MPI_ARGS, ROOT, parse_size, program, pyplot, save, spread, under_mpirun
 
 CPU_BOUND = 0.9  # busy share of the machine's CPU time from which the cores are named the limit
 GROWS = 1.1  # a shard count "adds bandwidth" from this times the first's median (and blocks apart: limit())
@@ -68,7 +68,7 @@ def launch(args) -> int:
     sys.path.insert(0, ROOT)
     from hvd_async.launcher import mpirun_command, run
 
-    mpi_args = "--mca btl self,tcp --mca osc ^sm" if args.mode == "no-shm" else ""
+    mpi_args = NO_SHM_MPI_ARGS if args.mode == "no-shm" else ""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
