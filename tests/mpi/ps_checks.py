@@ -81,6 +81,8 @@ def no_lost_update():
         all_hist = ha.worker_comm().allreduce(hist)
         t.barrier()
         t.pull(flat)
+        flat.data = torch.zeros_like(flat)  # new storage under the same tensor: the transport must
+        t.pull(flat)  # read into it, not into the old one whose views it cached
         expected = integer_init().double().numpy() - total
         check(np.array_equal(flat.double().numpy(), expected),
               f"{algorithm}: {int((flat.double().numpy() != expected).sum())} element(s) lost updates")

@@ -111,10 +111,16 @@ class WindowTransport(MetaAccess, Transport):
     # --- helpers ------------------------------------------------------------------------------
     def _slices(self, flat: torch.Tensor):
         """``[(shard, [numpy view, MPI.FLOAT], target), ...]`` over the non-empty shards (cached per buffer)."""
-        key = (flat.data_ptr(), flat.numel(), flat.dtype, flat.is_cpu)  # (is_cpu: 10x cheaper than .device)
-        cached = self._slice_cache.get(key)
-        if cached is not None:
-            return cached
+        return self._slice_entry(flat)[0]
+
+    def _slice_entry(self, flat: torch.Tensor):
+        """``(slices, is_float32, address, tensor)`` of ``flat``, cached by the tensor object's ``id``
+        and checked against its storage address: the entry holds the tensor, so its ``id`` is not
+        reused while cached, and a tensor given new storage (``.data = ...``, ``set_``) has a new
+        address and is sliced again."""
+        entry = self._slice_cache.get(id(flat))
+        if entry is not None and entry[2] == flat.data_ptr():
+            return entry
         if flat.dtype not in (torch.float32, torch.float16) or flat.device.type != "cpu" \
                 or not flat.is_contiguous() or flat.numel() != self.spec.numel:
             raise ValueError(f"expected a contiguous CPU float32 tensor of {self.spec.numel} elements, "
@@ -127,17 +133,19 @@ class WindowTransport(MetaAccess, Transport):
                   for k, (start, stop) in enumerate(self.bounds) if stop > start]
         if len(self._slice_cache) >= 4:  # strategies use 2 or 3 fixed buffers; temporaries churn
             self._slice_cache.clear()
-        self._slice_cache[key] = slices
-        return slices
+        entry = self._slice_cache[id(flat)] = (slices, flat.dtype == torch.float32, flat.data_ptr(), flat)
+        return entry
 
     def _weight_slices(self, flat: torch.Tensor):
         """``_slices`` of a buffer that moves to or from the (fp32) weights window."""
-        if flat.dtype != torch.float32:
+        slices, fp32 = self._slice_entry(flat)[:2]
+        if not fp32:
             raise ValueError(f"the weights window holds float32: expected a float32 tensor, got {flat.dtype}")
-        return self._slices(flat)
+        return slices
 
     def _check_idle(self) -> None:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._pending is not None and not self._pending.done:
             raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
 
@@ -193,9 +201,8 @@ class WindowTransport(MetaAccess, Transport):
             return self._pull_guarded(flat)
         self._check_idle()
         meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
-        if after_push:
-            self._read[:] = self.latest_versions
-        else:
+        read = self.latest_versions if after_push else self._read
+        if not after_push:
             for k, buf in enumerate(self._read_bufs):
                 meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
         for k, part, target in self._weight_slices(flat):
@@ -203,12 +210,12 @@ class WindowTransport(MetaAccess, Transport):
         weights.Flush_all()
         if not after_push:
             meta.Flush_all()
-        self._versions[:] = self._read
-        if not after_push:  # (after a push the versions read are the newest seen)
-            np.maximum(self.latest_versions, self._read, out=self.latest_versions)
+            np.maximum(self.latest_versions, read, out=self.latest_versions)
+        # (after a push the versions read are the newest seen)
+        self._versions[:] = read
         if self._trace is not None:
-            self._trace.pull(self._read, flat, after_push)
-        return self._read.copy()
+            self._trace.pull(read, flat, after_push)
+        return read.copy()
 
     def _pull_guarded(self, flat: torch.Tensor) -> np.ndarray:
         """``pull(guarded=True)``: the weights window, unless a server write overlapped the read."""
@@ -265,11 +272,13 @@ class WindowTransport(MetaAccess, Transport):
         meta.Flush_all()
         # Per shard in Python ints: numpy's ufuncs cost about a microsecond each on arrays this small
         # (this runs at every push; see benchmarks/rma_bandwidth.py at 1 KB).
-        fetched, hist = self._fetched.tolist(), self._hist_due
-        stale = [max(0, f - v) for f, v in zip(fetched, self._versions.tolist())]
-        for k, s in enumerate(stale):
-            hist[k, min(s, HIST_BINS - 1)] += 1
-        self.latest_versions[:] = [f + 1 for f in fetched]
+        versions, hist, latest = self._versions.tolist(), self._hist_due, self.latest_versions
+        stale = []
+        for k, fetched in enumerate(self._fetched.tolist()):
+            s = max(0, fetched - versions[k])
+            stale.append(s)
+            hist[k, s if s < HIST_BINS else HIST_BINS - 1] += 1
+            latest[k] = fetched + 1
         staleness = np.array(stale, dtype=np.int64)
         self._hist_pushes += 1
         if self._hist_pushes >= HIST_EVERY:
