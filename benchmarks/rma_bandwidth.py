@@ -8,7 +8,7 @@ MPI progressing for both kinds of windows alike (one call into MPI every ``--pol
 size the workers open an asgd transport (``accumulate`` of a delta, which also bumps the shard's
 version and staleness counters, then ``pull``) and alternate blocks of raw and transport round
 trips, so drift hits both alike. Printed per size: median round trip of each, and the ratio raw
-time / transport time (1.0: no overhead; target >= 0.9 from 1 MB up), with the spread of the
+time / transport time (1.0: no overhead; target >= 0.95 from 1 MB up, issue 19), with the spread of the
 per-block ratios (each raw block over the transport block beside it, every worker's). Writes JSON
 and a plot to benchmarks/results/.
 
@@ -148,10 +148,10 @@ def bench(args) -> int:
         big = [r["ratio"] for r in rows if r["bytes"] >= 1024 ** 2]
         summary = {"benchmark": "rma_bandwidth", "quick": args.quick, "mode": args.mode, "np": world.size,
                    "workers": workers.size, "servers": 1, "blocks": args.blocks, "seconds_per_block": args.seconds,
-                   "poll_us": args.poll_us, "target": 0.9, "atomic_reads": args.atomic_reads,
+                   "poll_us": args.poll_us, "target": 0.95, "atomic_reads": args.atomic_reads,
                    "min_ratio_from_1MB": min(big) if big else None, "rows": rows}
         print(f"mode {args.mode}, {workers.size} workers + 1 server: ratio raw/ours from 1 MB up: "
-              f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.9" if big else "no size >= 1 MB",
+              f"min {summary['min_ratio_from_1MB']:.3f}; target >= 0.95" if big else "no size >= 1 MB",
               flush=True)
         save(summary, args.out, plot)
     return 0
