@@ -20,7 +20,7 @@ def test_parameter_server_checks(np, servers, mode):
     result = mpirun(np, python("tests/mpi/ps_checks.py"), no_shm=MODES[mode], env={"SERVERS": str(servers)},
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
-    assert ("PS CHECKS OK no_lost_update dc_formula lc_formula dbs_cursor equivalences nonfinite bad_input "
+    assert ("PS CHECKS OK no_lost_update dc_formula lc_formula dbs_cursor equivalences asgd_lookahead nonfinite bad_input "
             "shutdown") in result.out
     done = re.findall(r"SERVER (\d) DONE order=\[([\d, ]*)\]", result.out)
     assert sorted(int(s) for s, _ in done) == list(range(servers)), result.out[-3000:]

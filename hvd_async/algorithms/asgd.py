@@ -6,21 +6,27 @@ import torch
 
 from ..checks import is_int_at_least
 from ..transport import window as W
-from .ps import PUSH_RATE_HELP, PUSH_RATES, PSStrategy, check_push_rate, push_scale
+from .ps import PUSH_RATE_HELP, PUSH_RATES, PSStrategy, check_lookahead, check_push_rate, push_scale
 from ..options import option
+
+WORKER_LOOKAHEAD_HELP = ("on the workers (asgd, dbs-asgd): after each pull, carry the weights on by momentum x "
+                         "their move since this worker's previous pull (the global weights' own momentum, seen "
+                         "from the worker), so its next gradient is computed near where it lands "
+                         "(--no-lookahead: the plain weights)")
 
 
 @dataclass
 class ASGDOptions:
     pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
+    lookahead: bool = option(True, WORKER_LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
         if not is_int_at_least(self.pull_every, 1):
             raise ValueError(f"pull_every must be an integer >= 1 (pull the global weights every k "
                              f"steps), got {self.pull_every!r}")
         check_push_rate(self.push_rate)
-
+        check_lookahead(self.lookahead)
 
 
 class ASGD(PSStrategy):
@@ -37,9 +43,22 @@ class ASGD(PSStrategy):
     that trained ssgd train asgd. ``push_rate='full'`` adds the whole change (workers times ssgd's
     step per epoch: divide ``lr`` by the workers yourself).
 
+    Look-ahead (``lookahead=True``, the default): by the time this worker's next push lands, the
+    other workers' pushes have moved the global weights on, and with momentum most of that move is
+    known now: about ``momentum`` times the move the weights made since this worker's previous pull
+    (every worker's momentum term carries its last step on). So after each pull the worker computes
+    its next gradient at ``w + momentum * (w - w_prev) / pull_every`` rather than at ``w`` (``w_prev``:
+    the weights of the previous pull; a per-group ``momentum`` per parameter). It is DANA's
+    look-ahead (Hakimi et al., 2019), which dc-asgd's servers compute from the momentum buffers they
+    hold, estimated here from the weights alone, since asgd's momentum lives in the workers'
+    optimizers. The push is unchanged (the optimizer's step is the same wherever it starts) and
+    ``load_global_model()`` loads the plain weights. Without momentum it changes nothing. After a
+    checkpoint is loaded the first pull has no previous one and is not carried on.
+
     Options:
         pull_every: pull the global weights every k steps (default 1).
         push_rate: ``'average'`` (default) or ``'full'``, as above.
+        lookahead: carry the pulled weights on by the momentum, as above (default True).
     """
 
     name = "asgd"
@@ -51,6 +70,8 @@ class ASGD(PSStrategy):
         self._before = torch.empty_like(self.model.flat)
         self._delta = torch.empty_like(self.model.flat)
         self._scale = push_scale(options, transport.size)
+        self._previous = None  # the weights of the previous pull (lookahead)
+        self._group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
     def _exchange(self, grad, loss) -> None:
         self._before.copy_(self.model.flat)
@@ -63,20 +84,53 @@ class ASGD(PSStrategy):
         self.global_pushes = int(self.transport.latest_versions[0])
         if (self.steps + 1) % self.options.pull_every == 0:
             self.transport.pull(self.model.flat, after_push=True)
+            if self.options.lookahead:
+                self._look_ahead()
             self.model.load_params()
+
+    def _look_ahead(self) -> None:
+        """``flat <- flat + momentum * (flat - previous) / pull_every``; ``previous <- the pulled flat``."""
+        flat = self.model.flat
+        if self._previous is None:
+            self._previous = flat.clone()
+            return
+        move = self._before  # free until the next step
+        torch.sub(flat, self._previous, out=move)
+        self._previous.copy_(flat)
+        every = self.options.pull_every
+        momenta = {_momentum(g) for g in self.optimizer.param_groups}
+        if len(momenta) == 1:  # (the usual case: one momentum for every parameter)
+            momentum = momenta.pop()
+            if momentum:
+                flat.add_(move, alpha=momentum / every)
+            return
+        for p, part in zip(self.model.params, self.model.slices):
+            momentum = _momentum(self._group_of.get(id(p), {}))
+            if momentum:
+                flat[part].add_(move[part], alpha=momentum / every)
 
     def load_global_model(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""
         self.transport.barrier()
         self.transport.pull(self.model.flat)
         self.model.load_params()
+        if self._previous is not None:
+            self._previous.copy_(self.model.flat)
         self._settle_progress()
         self.transport.barrier()  # nobody pushes again before every worker has read the same state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._previous = None
 
     @classmethod
     def server_program(cls, host):
         return AccumulateProgram(host)
 
+
+def _momentum(group) -> float:
+    """A parameter group's SGD momentum (0 for optimizers without one, e.g. Adam)."""
+    return float(group.get("momentum", 0.0) or 0.0)
 
 
 class AccumulateProgram(W.ServerProgram):

@@ -30,8 +30,8 @@ import torch
 
 from ..checks import is_int_at_least
 from ..options import option
-from .asgd import ASGD
-from .ps import PUSH_RATE_HELP, PUSH_RATES, check_push_rate
+from .asgd import ASGD, WORKER_LOOKAHEAD_HELP
+from .ps import PUSH_RATE_HELP, PUSH_RATES, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -46,9 +46,11 @@ class DBSASGDOptions:
                                       flag="--dbs-max-batch")
     pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
+    lookahead: bool = option(True, WORKER_LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
         check_push_rate(self.push_rate)
+        check_lookahead(self.lookahead)
         if not is_int_at_least(self.batch_size, 1):
             raise ValueError(f"batch_size (the nominal batch per worker; the global batch is "
                              f"workers x batch_size) must be an integer >= 1, got {self.batch_size!r}")
@@ -71,7 +73,7 @@ class DBSASGD(ASGD):
         every: steps between re-measures (default 10).
         smoothing: weight of the past in the speed's moving average (default 0.5).
         min_batch, max_batch: bounds of a worker's batch (default 1 and the global batch).
-        pull_every, push_rate: as asgd's.
+        pull_every, push_rate, lookahead: as asgd's.
 
     Example::
 

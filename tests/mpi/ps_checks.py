@@ -268,6 +268,45 @@ def equivalences():
     check(torch.allclose(sync, lockstep("ssgd"), rtol=1e-6, atol=1e-6), "1-softsync != ssgd")
 
 
+def asgd_lookahead():
+    """asgd's look-ahead: after each pull a worker holds ``w + momentum * (w - w of its previous pull)``
+    (float64 replay of a round robin with SGD momentum; two parameter groups, the second without
+    momentum in the last case); the pushes, so the global weights, are plain asgd's; with
+    ``lookahead=False`` the worker holds the pulled ``w``."""
+    workers, rank, sizes, rounds, lr = ha.size(), ha.rank(), (7, 6), 4, 0.5
+    numel = sum(sizes)
+    init = (torch.arange(numel) % 5).float()
+    grads = _sequence(numel, rounds * workers, integer=True)
+    for lookahead, momenta in ((True, (0.9, 0.9)), (False, (0.9, 0.9)), (True, (0.9, 0.0))):
+        params = [torch.nn.Parameter(part.clone()) for part in init.split(sizes)]
+        groups = [{"params": [p], "momentum": mu} for p, mu in zip(params, momenta)]
+        opt = ha.DistributedOptimizer(torch.optim.SGD(groups, lr=lr), named_parameters=[("a", params[0]), ("b", params[1])],
+                                      algorithm="asgd", lookahead=lookahead)
+        for turn in range(rounds * workers):
+            if turn % workers == rank:
+                for p, g in zip(params, grads[turn].split(sizes)):
+                    p.grad = g.clone()
+                opt.step()
+            ha.worker_comm().Barrier()
+        held = torch.cat([p.detach().double() for p in params])
+        opt.load_global_model()
+        final = torch.cat([p.detach().double() for p in params])
+        opt.close()
+        mu = torch.cat([torch.full((n,), m, dtype=torch.float64) for n, m in zip(sizes, momenta)])
+        w, buf = init.double(), [torch.zeros(numel, dtype=torch.float64)] * workers
+        previous, model = [None] * workers, [w] * workers
+        for turn, g in enumerate(grads):
+            m = turn % workers
+            buf[m] = mu * buf[m] + g.double()
+            w = w - lr / workers * buf[m]  # push_rate='average'
+            model[m] = w + mu * (w - previous[m]) if lookahead and previous[m] is not None else w
+            previous[m] = w
+        case = f"asgd lookahead={lookahead} momenta={momenta}"
+        check(torch.allclose(final, w, rtol=1e-5, atol=1e-4), f"{case}: global weights off by {(final - w).abs().max():.2e}")
+        check(torch.allclose(held, model[rank], rtol=1e-5, atol=1e-4),
+              f"{case}: worker {rank} holds weights off by {(held - model[rank]).abs().max():.2e}")
+
+
 def nonfinite():
     """A NaN gradient is skipped and counted, never applied; the others still are."""
     workers, rank, numel = ha.size(), ha.rank(), 11
@@ -359,8 +398,8 @@ def shutdown():
     stayers.Free()
 
 
-CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, lc_formula, dbs_cursor, equivalences, nonfinite,
-                                   bad_input, shutdown)}
+CHECKS = {f.__name__: f for f in (no_lost_update, dc_formula, lc_formula, dbs_cursor, equivalences, asgd_lookahead,
+                                   nonfinite, bad_input, shutdown)}
 
 
 if __name__ == "__main__":
