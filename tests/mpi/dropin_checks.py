@@ -326,7 +326,7 @@ def sparse_embeddings():
         w0 = emb.weight.detach().clone()
         opt = ha.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=lr), algorithm=algorithm,
                                       named_parameters=emb.named_parameters(), **OPTIONS.get(algorithm, {}))
-        for _ in range(4):  # (easgd's centre first moves at its 4th step, tau's default)
+        for _ in range(4):  # (easgd's centre has moved by its 4th step for any tau up to 4)
             opt.zero_grad()
             emb(torch.tensor([rank, rank + 1])).sum().backward()
             opt.step(loss=1.0)
