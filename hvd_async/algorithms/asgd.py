@@ -71,7 +71,6 @@ class ASGD(PSStrategy):
         self._delta = torch.empty_like(self.model.flat)
         self._scale = push_scale(options, transport.size)
         self._previous = None  # the weights of the previous pull (lookahead)
-        self._group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
     def _exchange(self, grad, loss) -> None:
         self._before.copy_(self.model.flat)
@@ -98,14 +97,16 @@ class ASGD(PSStrategy):
         torch.sub(flat, self._previous, out=move)
         self._previous.copy_(flat)
         every = self.options.pull_every
-        momenta = {_momentum(g) for g in self.optimizer.param_groups}
+        groups = self.optimizer.param_groups
+        momenta = {_momentum(g) for g in groups}
         if len(momenta) == 1:  # (the usual case: one momentum for every parameter)
             momentum = momenta.pop()
             if momentum:
                 flat.add_(move, alpha=momentum / every)
             return
+        group_of = {id(p): g for g in groups for p in g["params"]}  # (as the groups stand now)
         for p, part in zip(self.model.params, self.model.slices):
-            momentum = _momentum(self._group_of.get(id(p), {}))
+            momentum = _momentum(group_of.get(id(p), {}))
             if momentum:
                 flat[part].add_(move[part], alpha=momentum / every)
 

@@ -127,10 +127,10 @@ PUSH_RATE_HELP = ("each push moves the global weights by 1/workers of the optimi
 
 
 
-LOOKAHEAD_HELP = ("on the servers (dc-asgd, lc-asgd, softsync): answer each push with the weights the workers' momentum will carry the global ones to before "
-                  "this worker pushes again (DANA's look-ahead), so its next gradient is computed near where it "
-                  "lands: what lets momentum 0.9 train with many workers (softsync: with per-worker momentum; "
-                  "--no-lookahead: the plain weights)")
+LOOKAHEAD_HELP = ("on the servers (dc-asgd, lc-asgd, softsync): answer each push with the weights the workers' "
+                  "momentum will carry the global ones to before this worker pushes again (DANA's look-ahead), "
+                  "so its next gradient is computed near where it lands: what lets momentum 0.9 train with many "
+                  "workers (softsync: with per-worker momentum; --no-lookahead: the plain weights)")
 
 
 def check_lookahead(value) -> None:
