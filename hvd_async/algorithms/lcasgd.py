@@ -10,7 +10,7 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
-from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
+from .ps import F_LOSS, F_MOMENTUM, F_NESTEROV, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -102,9 +102,25 @@ class LCProgram(DCProgram):
         MailboxProgram.__init__(self, host)
         self.setup(LCRule(**options), lookahead)
 
+    def computed_at(self, worker, payload) -> int:
+        """The version the worker's gradient (and loss) stands for. Without the look-ahead, the one
+        it pulled. With it, the worker computed at the point where the other workers' momentum terms
+        (the buffers in the look-ahead's sum) will have carried the weights when this push lands:
+        one push from each of them later, so ``held + (their number)``, capped at now. The loss
+        ratio then damps only the delay the look-ahead did not cover (in a round robin, none:
+        ``r = 1``; a straggler's extra rounds still damp); measured from the pull, it damped the
+        round robin's delay a second time."""
+        held = self.held[worker]
+        if (self.lookahead is None or not float(payload[F_MOMENTUM])
+                or bool(payload[F_NESTEROV])):  # no look-ahead step (DCProgram.on_push's ``ahead``)
+            return held
+        others = sum(1 for k, state in enumerate(self.momentum)
+                     if k != worker and state.get("momentum_buffer") is not None)
+        return min(self.host.version, held + others)
+
     def compensated(self, worker, grad, payload) -> torch.Tensor:
-        loss = float(payload[F_LOSS])
-        self.rule.observe(self.state, worker, self.held[worker], loss)  # the loss at the weights it held
+        loss, version = float(payload[F_LOSS]), self.computed_at(worker, payload)
+        self.rule.observe(self.state, worker, version, loss)  # the loss where the gradient was computed
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
-                                     version_now=self.host.version, version_pulled=self.held[worker])
+                                     version_now=self.host.version, version_pulled=version)
 

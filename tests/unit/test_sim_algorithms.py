@@ -38,6 +38,21 @@ def test_dc_asgd_reports_the_compensation_its_real_server_program_applied():
     assert 0 < rms[0.5] < rms[1.0], rms
 
 
+def test_lc_asgd_damps_only_the_delay_its_look_ahead_did_not_cover():
+    """Constant compute times make a strict round robin (every push 3 versions stale at 4 workers).
+    The look-ahead answered each worker with the point the other three's momentum will have carried
+    the weights to, so the loss ratio r is 1 there (with lam 0 the compensation is |r - 1| alone);
+    without the look-ahead the same delay is damped; with a 3x straggler the straggler's extra
+    rounds are damped with the look-ahead too."""
+    def relative(*extra):
+        return simulate(["--algo", "lc-asgd", "--workers", "4", "--epochs", "2", "--lam", "0",
+                         "--delay-dist", "constant", *extra])["compensation_relative"]
+
+    assert relative() == 0.0
+    assert relative("--no-lookahead") > 0.01
+    assert relative("--straggler", "1=3") > 0.005
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "od-sgd"], "--algo od-sgd (its default options) cannot be simulated (its exchange runs on a thread "
                            "of its own); the simulator runs: ssgd, asgd"),
