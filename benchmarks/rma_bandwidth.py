@@ -110,9 +110,8 @@ def bench(args) -> int:
             win.Get_accumulate(no_op, [out, MPI.FLOAT], 0, target=(0, n, MPI.FLOAT), op=MPI.NO_OP)
             win.Flush(0)
 
-        def our_round():  # what asgd's step does
-            transport.accumulate(delta)
-            transport.pull(flat, after_push=True)
+        def our_round():  # what asgd's step does (accumulate(delta), then pull(flat, after_push=True))
+            transport.accumulate_and_pull(delta, flat)
 
         for _ in range(3):  # warm up (first touches of the buffers), then size the blocks
             raw_round()

@@ -145,8 +145,7 @@ def bench(args) -> int:
     transport.publish_(flat)
 
     def round_trip():  # what asgd's step does
-        transport.accumulate(delta)
-        transport.pull(flat, after_push=True)
+        transport.accumulate_and_pull(delta, flat)  # accumulate(delta), then pull(flat, after_push=True)
 
     for _ in range(2):  # first touches of the buffers
         round_trip()

@@ -79,10 +79,13 @@ class ASGD(PSStrategy):
         torch.sub(self.model.flat, self._before, out=self._delta)
         if self._scale != 1.0:
             self._delta.mul_(self._scale)
-        self._record(self.transport.accumulate(self._delta))
+        pull = (self.steps + 1) % self.options.pull_every == 0
+        if pull:  # push, then read the global weights (one call: it saves a round trip across hosts)
+            self._record(self.transport.accumulate_and_pull(self._delta, self.model.flat))
+        else:
+            self._record(self.transport.accumulate(self._delta))
         self.global_pushes = int(self.transport.latest_versions[0])
-        if (self.steps + 1) % self.options.pull_every == 0:
-            self.transport.pull(self.model.flat, after_push=True)
+        if pull:
             if self.options.lookahead:
                 self._look_ahead()
             self.model.load_params()

@@ -251,6 +251,11 @@ class SimWindowTransport(W.WindowTransport):
     def accumulate_async(self, delta: torch.Tensor) -> W.Pending:
         return self._done(self.accumulate(delta))
 
+    def accumulate_and_pull(self, delta: torch.Tensor, flat: torch.Tensor) -> np.ndarray:
+        staleness = self.accumulate(delta)
+        self.pull(flat, after_push=True)
+        return staleness
+
     def _replay_pull(self, parts, after_push: bool) -> None:
         """Replay: read what the recorded pull read (see the module docstring); ``parts`` hold the
         weights of the recorded version already."""

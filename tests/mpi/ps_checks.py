@@ -51,7 +51,9 @@ def no_lost_update():
         for i in range(pushes):
             g = integer_grad(rank, i)
             if mode == "accumulate":
-                if i % 2:  # the non-blocking form, finished after some local work
+                if i % 10 == 7:  # push and read in one call (asgd's step)
+                    staleness = t.accumulate_and_pull(-g, flat)
+                elif i % 2:  # the non-blocking form, finished after some local work
                     pending = t.accumulate_async(-g)
                     g.sum()
                     staleness = pending.wait()

@@ -262,14 +262,22 @@ class WindowTransport(MetaAccess, Transport):
 
     def _count_push(self) -> np.ndarray:
         """After a delta was accumulated: make it land, bump the versions, return the staleness."""
-        # One round trip: the version bump travels with the delta (MPI does not order operations on
-        # two windows before the flush, so a concurrent pull may see the bump before the delta and
-        # count at most the pushes in flight as one fewer of staleness).
+        self._bump_versions()
+        self._win.weights.Flush_all()
+        self._win.meta.Flush_all()
+        return self._push_counted()
+
+    def _bump_versions(self) -> None:
+        """Start adding 1 to every shard's version, fetching the old value (completed by a flush of
+        the meta window). One round trip with the delta: MPI does not order operations on two windows
+        before the flush, so a concurrent pull may see the bump before the delta and count at most
+        the pushes in flight as one fewer of staleness."""
         meta, add = self._win.meta, self._MPI.SUM
         for k, buf in enumerate(self._fetch_bufs):
             meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
-        self._win.weights.Flush_all()
-        meta.Flush_all()
+
+    def _push_counted(self) -> np.ndarray:
+        """Once the bump was flushed: this push's staleness per shard, and the bookkeeping."""
         # Per shard in Python ints: numpy's ufuncs cost about a microsecond each on arrays this small
         # (this runs at every push; see benchmarks/rma_bandwidth.py at 1 KB).
         versions, hist, latest = self._versions.tolist(), self._hist_due, self.latest_versions
@@ -300,6 +308,10 @@ class WindowTransport(MetaAccess, Transport):
 
     def accumulate(self, delta: torch.Tensor) -> np.ndarray:
         """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""
+        self._start_accumulate(delta)
+        return self._count_push()
+
+    def _start_accumulate(self, delta: torch.Tensor) -> None:
         self._check_idle()
         if self.spec.mode != "accumulate":
             raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
@@ -307,7 +319,26 @@ class WindowTransport(MetaAccess, Transport):
         SUM, weights = self._MPI.SUM, self._win.weights
         for k, part, target in self._weight_slices(delta):
             weights.Accumulate(part, k, target=target, op=SUM)
-        return self._count_push()
+
+    def accumulate_and_pull(self, delta: torch.Tensor, flat: torch.Tensor) -> np.ndarray:
+        """``accumulate(delta)`` then ``pull(flat, after_push=True)``, with the same operations and
+        results (returns the push's staleness), but the version bump's reply is waited for after the
+        read instead of before it: its round trip overlaps the read's (across hosts each is
+        a round trip of its own)."""
+        self._start_accumulate(delta)
+        self._bump_versions()
+        weights = self._win.weights
+        weights.Flush_all()  # the delta is in the weights before they are read
+        for k, part, target in self._weight_slices(flat):
+            weights.Get(part, k, target=target)
+        weights.Flush_all()
+        self._win.meta.Flush_all()
+        staleness = self._push_counted()
+        read = self.latest_versions  # what pull(after_push=True) stands for
+        self._versions[:] = read
+        if self._trace is not None:
+            self._trace.pull(read, flat, True)
+        return staleness
 
     # --- mailbox ------------------------------------------------------------------------------
     def request_async(self, kind: Kind, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
