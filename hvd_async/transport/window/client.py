@@ -8,7 +8,7 @@ import torch
 
 from ..base import Transport
 from .counters import MetaAccess
-from .layout import (HIST_BINS, HIST_EVERY, H_LEN, META_HIST, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
+from .layout import (HIST_BINS, H_LEN, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
                      TAG_CLOSE, TAG_OPEN, TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Answers, Kind, Pending,
                      WindowSpec, _Windows, encode_request, shard_bounds)
 
@@ -266,45 +266,6 @@ class WindowTransport(MetaAccess, Transport):
         self._win.weights.Flush_all()
         self._win.meta.Flush_all()
         return self._push_counted()
-
-    def _bump_versions(self) -> None:
-        """Start adding 1 to every shard's version, fetching the old value (completed by a flush of
-        the meta window). One round trip with the delta: MPI does not order operations on two windows
-        before the flush, so a concurrent pull may see the bump before the delta and count at most
-        the pushes in flight as one fewer of staleness."""
-        meta, add = self._win.meta, self._MPI.SUM
-        for k, buf in enumerate(self._fetch_bufs):
-            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
-
-    def _push_counted(self) -> np.ndarray:
-        """Once the bump was flushed: this push's staleness per shard, and the bookkeeping."""
-        # Per shard in Python ints: numpy's ufuncs cost about a microsecond each on arrays this small
-        # (this runs at every push; see benchmarks/rma_bandwidth.py at 1 KB).
-        versions, hist, latest = self._versions.tolist(), self._hist_due, self.latest_versions
-        stale = []
-        for k, fetched in enumerate(self._fetched.tolist()):
-            s = max(0, fetched - versions[k])
-            stale.append(s)
-            hist[k, s if s < HIST_BINS else HIST_BINS - 1] += 1
-            latest[k] = fetched + 1
-        staleness = np.array(stale, dtype=np.int64)
-        self._hist_pushes += 1
-        if self._hist_pushes >= HIST_EVERY:
-            self._send_hist()
-        if self._trace is not None:
-            self._trace.push(self._fetched, staleness)
-        return staleness
-
-    def _send_hist(self) -> None:
-        """Add this worker's uncounted staleness counts into each shard's histogram on its server
-        (one ``Accumulate`` of the whole histogram per shard; completed by the caller's flush)."""
-        if self._hist_pushes:
-            for k in range(self.servers):
-                self._win.meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
-                                          target=(META_HIST, HIST_BINS, self._MPI.INT64_T), op=self._MPI.SUM)
-            self._win.meta.Flush_all()  # the buffer is reused right after
-            self._hist_due[:] = 0
-            self._hist_pushes = 0
 
     def accumulate(self, delta: torch.Tensor) -> np.ndarray:
         """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""

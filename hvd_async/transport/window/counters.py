@@ -6,13 +6,55 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from .layout import META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_TABLE, META_VERSION, _pushes
+from .layout import (HIST_BINS, HIST_EVERY, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_TABLE,
+                     META_VERSION, _pushes)
 
 
 class MetaAccess:
     """Accumulate-family operations on the meta window (defined beside concurrent pushes); the
-    transport provides ``_win``, ``_MPI``, ``_rank``, ``size``, ``servers``, ``spec``, ``_check_idle``,
-    ``_send_hist`` and ``_no_int64``."""
+    transport provides ``_win``, ``_MPI``, ``_one_t``, ``_rank``, ``size``, ``servers``, ``spec``,
+    ``_check_idle``, ``_no_int64``, ``_trace`` and the push bookkeeping (``_versions``,
+    ``latest_versions``, ``_fetch_bufs``, ``_fetched``, ``_hist_due``, ``_hist_pushes``)."""
+
+    # --- versions and staleness, at every accumulate-mode push ----------------------------------
+    def _bump_versions(self) -> None:
+        """Start adding 1 to every shard's version, fetching the old value (completed by a flush of
+        the meta window). One round trip with the delta: MPI does not order operations on two windows
+        before the flush, so a concurrent pull may see the bump before the delta and count at most
+        the pushes in flight as one fewer of staleness."""
+        meta, add = self._win.meta, self._MPI.SUM
+        for k, buf in enumerate(self._fetch_bufs):
+            meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
+
+    def _push_counted(self) -> np.ndarray:
+        """Once the bump was flushed: this push's staleness per shard, and the bookkeeping."""
+        # Per shard in Python ints: numpy's ufuncs cost about a microsecond each on arrays this small
+        # (this runs at every push; see benchmarks/rma_bandwidth.py at 1 KB).
+        versions, hist, latest = self._versions.tolist(), self._hist_due, self.latest_versions
+        stale = []
+        for k, fetched in enumerate(self._fetched.tolist()):
+            s = max(0, fetched - versions[k])
+            stale.append(s)
+            hist[k, s if s < HIST_BINS else HIST_BINS - 1] += 1
+            latest[k] = fetched + 1
+        staleness = np.array(stale, dtype=np.int64)
+        self._hist_pushes += 1
+        if self._hist_pushes >= HIST_EVERY:
+            self._send_hist()
+        if self._trace is not None:
+            self._trace.push(self._fetched, staleness)
+        return staleness
+
+    def _send_hist(self) -> None:
+        """Add this worker's uncounted staleness counts into each shard's histogram on its server
+        (one ``Accumulate`` of the whole histogram per shard; completed by the caller's flush)."""
+        if self._hist_pushes:
+            for k in range(self.servers):
+                self._win.meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
+                                          target=(META_HIST, HIST_BINS, self._MPI.INT64_T), op=self._MPI.SUM)
+            self._win.meta.Flush_all()  # the buffer is reused right after
+            self._hist_due[:] = 0
+            self._hist_pushes = 0
 
     # --- shared counter and per-worker values (on shard 0) ------------------------------------
     def fetch_add_counter(self, n: int) -> int:
