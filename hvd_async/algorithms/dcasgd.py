@@ -103,6 +103,10 @@ class DCProgram(MailboxProgram):
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         return self.rule.compensated(self.host.weights, grad, self.state, worker)
 
+    def looks_ahead(self, kwargs) -> bool:
+        """Whether this program answers a push with these SGD settings with the look-ahead point."""
+        return self.lookahead is not None and Lookahead.applies(kwargs)
+
     def state_dict(self) -> Dict:
         state = super().state_dict()
         rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors")}
@@ -138,7 +142,7 @@ class DCProgram(MailboxProgram):
         else:
             self.lookahead.add(buffer)
             self.snapshot(worker, copy=False)
-            ahead = 0.0 if kwargs["nesterov"] else kwargs["lr"] * kwargs["momentum"]
+            ahead = kwargs["lr"] * kwargs["momentum"] if self.looks_ahead(kwargs) else 0.0
             self.lookahead.answer(self.host.outbox[worker], self.host.weights, ahead)
         self.host.answer(worker, staleness, W.Status.APPLIED)
 

@@ -10,7 +10,7 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
-from .ps import F_LOSS, F_MOMENTUM, F_NESTEROV, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
+from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -111,8 +111,7 @@ class LCProgram(DCProgram):
         ``r = 1``; a straggler's extra rounds still damp); measured from the pull, it damped the
         round robin's delay a second time."""
         held = self.held[worker]
-        if (self.lookahead is None or not float(payload[F_MOMENTUM])
-                or bool(payload[F_NESTEROV])):  # no look-ahead step (DCProgram.on_push's ``ahead``)
+        if not self.looks_ahead(self.step_kwargs(payload)):
             return held
         others = sum(1 for k, state in enumerate(self.momentum)
                      if k != worker and state.get("momentum_buffer") is not None)

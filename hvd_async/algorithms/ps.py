@@ -151,6 +151,12 @@ class Lookahead:
     def __init__(self, like: torch.Tensor):
         self.total = torch.zeros_like(like)
 
+    @staticmethod
+    def applies(kwargs) -> bool:
+        """Whether a push with these SGD settings (``step_kwargs``) is answered ahead: with momentum,
+        and not with Nesterov's, whose step looks ahead already."""
+        return bool(kwargs["momentum"]) and not kwargs["nesterov"]
+
     def remove(self, state: Dict) -> None:
         """Before a worker's buffer (its SGD state) changes."""
         buf = state.get("momentum_buffer")

@@ -180,7 +180,7 @@ class SoftSyncProgram(MailboxProgram):
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c
-        step = 0.0 if last["nesterov"] else self.rate * last["lr"] * last["momentum"] / len(workers)
+        step = self.rate * last["lr"] * last["momentum"] / len(workers) if Lookahead.applies(last) else 0.0
         for m, s in zip(workers, staleness):
             if self.lookahead is None:
                 self.snapshot(m, copy=self.outbox_on_push)
