@@ -10,6 +10,7 @@ from ..checks import is_finite_number
 from ..horovod_options import compression_name
 from ..options import option
 from ..rules import DCRule
+from ..rules.dc import SCRATCH_KEYS, scratch
 from ..transport import window as W
 from .flat import tensors_copy
 from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram, MailboxStrategy,
@@ -109,7 +110,7 @@ class DCProgram(MailboxProgram):
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors")}
+        rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors") + SCRATCH_KEYS}
         predictors = {int(m): p.state_dict() for m, p in self.state.get("predictors", {}).items()}
         state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(rule_state),
                      predictors=predictors)
@@ -131,7 +132,9 @@ class DCProgram(MailboxProgram):
         staleness = self.staleness(worker)
         step = self.compensated(worker, grad, payload)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
-        self.host.add_sums(float(torch.dist(step, grad)) ** 2, float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
+        diff, = scratch(self.state, grad, 1, key="scratch_diff")  # (no temporary: see DCRule.compensated)
+        self.host.add_sums(float(torch.sub(step, grad, out=diff).norm()) ** 2,
+                           float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
         kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]
         if self.lookahead is not None:
             self.lookahead.remove(buffer)

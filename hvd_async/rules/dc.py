@@ -53,20 +53,38 @@ class DCRule(Rule):
         return {"backup": {}, "mean_square": torch.zeros_like(weights) if self.adaptive else None}
 
     def compensated(self, weights, grad, state, worker: int) -> torch.Tensor:
-        """``g + lam_t * g * g * (w - w_bak(worker))`` as a new tensor (updates ``MS`` if adaptive)."""
+        """``g + lam_t * g * g * (w - w_bak(worker))`` (updates ``MS`` if adaptive), in a scratch
+        tensor of ``state``'s that the caller may change and that the next call overwrites.
+
+        No tensor is allocated per call: on a server every fresh temporary of a large model costs its
+        pages' first-touch faults, several times the arithmetic (``lookahead_cost.py``)."""
+        step, work = scratch(state, grad, 2)
         if self.adaptive:
             ms = state["mean_square"]
             ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
-            lam = self.lam / torch.sqrt(ms + self.eps)
-        else:
-            lam = self.lam
         if not self.lam:
-            return grad.clone()
-        drift = weights - state["backup"][worker]
-        return grad + lam * grad * grad * drift
+            return step.copy_(grad)
+        torch.sub(weights, state["backup"][worker], out=step)  # the drift
+        step.mul_(grad).mul_(grad)
+        if self.adaptive:  # lam / sqrt(MS + eps)
+            step.div_(torch.add(state["mean_square"], self.eps, out=work).sqrt_())
+        return step.mul_(self.lam).add_(grad)
 
     def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
                weight_decay=0.0):
         step = self.compensated(weights, grad, state, worker)
         return self._sgd.apply_(weights, step, state, lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
+
+
+SCRATCH_KEYS = ("scratch", "scratch_diff")
+
+
+def scratch(state, like: torch.Tensor, count: int, key: str = "scratch"):
+    """``count`` tensors shaped as ``like``, kept in ``state[key]`` (made at the first call, or again
+    when ``like``'s shape or dtype changes): a server's temporaries, reused push after push. A
+    checkpoint leaves them out (``SCRATCH_KEYS``; :meth:`DCProgram.state_dict`)."""
+    held = state.get(key)
+    if not held or len(held) < count or held[0].shape != like.shape or held[0].dtype != like.dtype:
+        held = state[key] = [torch.empty_like(like) for _ in range(count)]
+    return held[:count]

@@ -102,3 +102,55 @@ def test_flat_model_views_and_copies():
         c.add_(1.0)
     flat.store_params()
     assert flat.flat.tolist() == [4.0, 4.0]
+
+
+def test_dc_rule_reuses_its_scratch_and_a_checkpoint_leaves_it_out():
+    # the server's step allocates nothing per push (a fresh temporary of a large model costs its
+    # pages' first-touch faults): the compensated step lands in the same scratch tensor each time
+    rule = DCRule(2.0, adaptive=True)
+    w = torch.randn(64)
+    state = rule.init(w)
+    state["backup"] = [w.clone() - 0.01]
+    g1, g2 = torch.randn(64), torch.randn(64)
+    ms = state["mean_square"].clone()
+    first = rule.compensated(w, g1, state, 0)
+    ms = 0.95 * ms + 0.05 * g1 * g1
+    want = g1 + 2.0 / torch.sqrt(ms + 1e-7) * g1 * g1 * (w - state["backup"][0])
+    assert torch.allclose(first, want, rtol=1e-5, atol=1e-7)
+    second = rule.compensated(w, g2, state, 0)
+    assert second.data_ptr() == first.data_ptr()
+    assert not torch.equal(second, want)  # overwritten: the caller uses the step before the next call
+    from hvd_async.rules.dc import SCRATCH_KEYS
+    assert set(SCRATCH_KEYS) & set(state) == {"scratch"}
+
+
+def test_dc_program_checkpoint_holds_no_scratch():
+    from types import SimpleNamespace
+
+    from hvd_async.algorithms.dcasgd import DCProgram
+    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+
+    class Host:  # what the program reads and calls on its shard, in memory
+        spec = SimpleNamespace(workers=2)
+        weights, version = torch.randn(16), 0
+        outbox = [torch.zeros(16), torch.zeros(16)]
+
+        def add_sums(self, *sums):
+            self.sums = sums
+
+        def bump(self, staleness, pushes=1):
+            self.version += 1
+
+        def answer(self, *args):
+            pass
+
+    host = Host()
+    program = DCProgram(host, lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=True)
+    payload = {F_LR: 0.05, F_MOMENTUM: 0.9, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
+    for m in (0, 1, 0):
+        g = torch.randn(16)
+        program.on_push(m, g, payload)
+    compensation_sq, grad_sq = host.sums
+    assert grad_sq == pytest.approx(float(g.norm()) ** 2)
+    assert compensation_sq > 0
+    assert set(program.state_dict()["rule"]) == {"mean_square"}

@@ -18,13 +18,19 @@ logger = logging.getLogger("hvd_async.transport.window")
 
 
 class _Widened:
-    """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic."""
+    """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic:
+    each read widens the slot as it is now into that worker's fp32 buffer (made at its first read and
+    kept, so that a push allocates nothing: a fresh 4-byte copy of a large model costs its pages'
+    first-touch faults, more than the copy)."""
 
     def __init__(self, slots):
         self.slots = slots
+        self._wide = [None] * len(slots)
 
     def __getitem__(self, worker: int) -> torch.Tensor:
-        return self.slots[worker].float()
+        if self._wide[worker] is None:
+            self._wide[worker] = torch.empty(self.slots[worker].shape, dtype=torch.float32)
+        return self._wide[worker].copy_(self.slots[worker])
 
     def __len__(self) -> int:
         return len(self.slots)
