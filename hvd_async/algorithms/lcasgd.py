@@ -102,21 +102,6 @@ class LCProgram(DCProgram):
         MailboxProgram.__init__(self, host)
         self.setup(LCRule(**options), lookahead)
 
-    def computed_at(self, worker, payload) -> int:
-        """The version the worker's gradient (and loss) stands for. Without the look-ahead, the one
-        it pulled. With it, the worker computed at the point where the other workers' momentum terms
-        (the buffers in the look-ahead's sum) will have carried the weights when this push lands:
-        one push from each of them later, so ``held + (their number)``, capped at now. The loss
-        ratio then damps only the delay the look-ahead did not cover (in a round robin, none:
-        ``r = 1``; a straggler's extra rounds still damp); measured from the pull, it damped the
-        round robin's delay a second time."""
-        held = self.held[worker]
-        if not self.looks_ahead(self.step_kwargs(payload)):
-            return held
-        others = sum(1 for k, state in enumerate(self.momentum)
-                     if k != worker and state.get("momentum_buffer") is not None)
-        return min(self.host.version, held + others)
-
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         loss, version = float(payload[F_LOSS]), self.computed_at(worker, payload)
         self.rule.observe(self.state, worker, version, loss)  # the loss where the gradient was computed

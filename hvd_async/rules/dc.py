@@ -52,8 +52,9 @@ class DCRule(Rule):
     def init(self, weights: torch.Tensor):
         return {"backup": {}, "mean_square": torch.zeros_like(weights) if self.adaptive else None}
 
-    def compensated(self, weights, grad, state, worker: int) -> torch.Tensor:
-        """``g + lam_t * g * g * (w - w_bak(worker))`` (updates ``MS`` if adaptive), in a scratch
+    def compensated(self, weights, grad, state, worker: int, active: bool = True) -> torch.Tensor:
+        """``g + lam_t * g * g * (w - w_bak(worker))`` (updates ``MS`` if adaptive; ``g`` alone where
+        ``active`` is False: the caller's choice not to compensate this push), in a scratch
         tensor of ``state``'s that the caller may change and that the next call overwrites.
 
         No tensor is allocated per call: on a server every fresh temporary of a large model costs its
@@ -62,7 +63,7 @@ class DCRule(Rule):
         if self.adaptive:
             ms = state["mean_square"]
             ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
-        if not self.lam:
+        if not (self.lam and active):
             return step.copy_(grad)
         torch.sub(weights, state["backup"][worker], out=step)  # the drift
         step.mul_(grad).mul_(grad)

@@ -34,7 +34,7 @@ Order of calls for one push: ``observe(state, m, v_bak, L)`` first (the push's o
 ``m``'s history, so the fit includes it), then ``apply_(..., worker=m, loss=L, version_now=v_now)``.
 ``apply_`` does not observe by itself. ``v_bak`` is the version the gradient stands for: the
 pulled one, or, when the worker computed at DANA's look-ahead point, the later version that point
-anticipates (:meth:`hvd_async.algorithms.lcasgd.LCProgram.computed_at`). Both ends of the ratio are the predictor's (``v_bak`` is
+anticipates (:meth:`hvd_async.algorithms.dcasgd.DCProgram.computed_at`). Both ends of the ratio are the predictor's (``v_bak`` is
 passed as ``version_pulled``): dividing by the pushed mini-batch loss ``L`` instead, as an earlier
 version did, made ``r`` carry one batch's noise, below 1 on average even at zero delay (a random
 rate cut); now ``r`` is exactly 1 at zero delay and departs from 1 as the delay grows.
