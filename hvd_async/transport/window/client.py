@@ -288,12 +288,13 @@ class WindowTransport(MetaAccess, Transport):
         a round trip of its own)."""
         self._start_accumulate(delta)
         self._bump_versions()
-        weights = self._win.weights
-        weights.Flush_all()  # the delta is in the weights before they are read
-        for k, part, target in self._weight_slices(flat):
+        weights, slices = self._win.weights, self._weight_slices(flat)
+        servers = [k for k, _, _ in slices]  # (the shards that hold weights)
+        _flush_servers(weights, servers)  # the delta is in the weights before they are read
+        for k, part, target in slices:
             weights.Get(part, k, target=target)
-        weights.Flush_all()
-        self._win.meta.Flush_all()
+        _flush_servers(weights, servers)
+        _flush_servers(self._win.meta, range(len(self._fetch_bufs)))  # every shard's version bump
         staleness = self._push_counted()
         read = self.latest_versions  # what pull(after_push=True) stands for
         self._versions[:] = read
@@ -431,3 +432,11 @@ class WindowTransport(MetaAccess, Transport):
         if not self.dropped:  # (a dropped worker would never join the free)
             self._win.free()
             self.comm.Free()
+
+
+def _flush_servers(win, ranks) -> None:
+    """Complete this worker's operations on ``win`` at the shards' servers ``ranks``, one target at a
+    time (a worker's operations only ever target servers). Across hosts ``Flush_all`` cost more
+    than these (``rma_bandwidth.py --mode netns``, records ``bench-check/*-flush_servers*``)."""
+    for k in ranks:
+        win.Flush(k)
