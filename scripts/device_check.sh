@@ -39,6 +39,10 @@
 # results.tar.gz (the JSON, plots, junit XML and logs, to unpack into benchmarks/results/), cpu_study.json
 # (when run; rewritten after every job), and prebuilt-*.tar.gz (the Horovod builds, stripped, ~3 MB
 # each: put them into .device/prebuilt/ and carry them to skip the build next time).
+# Several calls on one warm machine (device time is short): --parts picks the parts, DEVICE_BENCHES the
+# benchmarks of gpu-bench (default throughput_1w,throughput_2w,overlap,staging), DEVICE_PYTEST_ARGS adds
+# to pytest's arguments (-k ...), DEVICE_PROBE_TIMEOUT bounds each two-rank probe (default 180 s); the
+# Horovod build and the probe's answer are kept in DEVICE_WORK and reused by the next call.
 # DEVICE_COMMIT=<sha> names the commit (the device gets no .git); DEVICE_KEEP_LIBS=1 uses every carried
 # library even where the machine has its own (to test the carried ones).
 set -uo pipefail
@@ -49,6 +53,7 @@ out=${OUT:-$root/benchmarks/results/device}
 py=${PYTHON:-python3}
 parts=setup,tests,gpu-bench
 variants=${HVD_VARIANTS:-auto}
+benches=${DEVICE_BENCHES:-throughput_1w,throughput_2w,overlap,staging}
 dry=0
 while (($#)); do
   case $1 in
@@ -277,16 +282,18 @@ build_variant() {  # build_variant nccl|staged -> Horovod in $work/hvd-VARIANT
 }
 probe_two_ranks() {  # which way lets two ranks share the GPU with this build: plain|hostid|none
   local v=$1 way
+  # an earlier run on this machine already probed this build (a run in several calls, --parts)
+  [[ -s $work/way-$v ]] && { cat "$work/way-$v"; return 0; }
   for way in plain hostid; do
     local extra=()
     [[ $way == hostid ]] && extra=(-x HVD_ASYNC_NCCL_HOSTID_PER_RANK=1 -x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1)
-    if PYTHONPATH=$work/hvd-$v:$root:${PYTHONPATH:-} timeout 180 mpirun --oversubscribe --bind-to none -np 2 \
+    if PYTHONPATH=$work/hvd-$v:$root:${PYTHONPATH:-} timeout "${DEVICE_PROBE_TIMEOUT:-180}" mpirun --oversubscribe --bind-to none -np 2 \
          -x PYTHONPATH -x LD_LIBRARY_PATH "${extra[@]}" -x SERVERS=0 "$py" tests/mpi/gpu_checks.py probe \
          >"$results/logs/probe_${v}_$way.log" 2>&1 && grep -q "GPU PROBE OK workers=2" "$results/logs/probe_${v}_$way.log"; then
-      echo "$way"; return 0
+      echo "$way" | tee "$work/way-$v"; return 0
     fi
   done
-  echo none
+  echo none | tee "$work/way-$v"
 }
 
 need_setup=0
@@ -331,6 +338,7 @@ pick() {  # the build for two ranks on the GPU: one with a way, NCCL first
 way_env() {  # the environment of the two-rank way of build $1
   [[ ${ways[$1]:-} == hostid ]] && echo "HVD_ASYNC_NCCL_HOSTID_PER_RANK=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 HVD_ASYNC_GPU_TWO_RANKS=hostid"
   [[ ${ways[$1]:-} == plain ]] && echo "HVD_ASYNC_GPU_TWO_RANKS=plain"
+  [[ ${ways[$1]:-} == none ]] && echo "HVD_ASYNC_GPU_TWO_RANKS=none"
 }
 
 # --- 4. the GPU tests, once per build ------------------------------------------------------------
@@ -340,7 +348,7 @@ if has_part tests; then
     # shellcheck disable=SC2046
     env PYTHONPATH="$work/hvd-$v:$root:${PYTHONPATH:-}" HVD_ASYNC_GPU_HOROVOD="$v" HVD_ASYNC_GPU_RESULTS="$results/gpu_tests_$v" \
       $(way_env "$v") timeout 900 "$py" -m pytest -m gpu tests/test_gpu.py -rs -v -p no:cacheprovider \
-      --junitxml="$results/logs/gpu_tests_$v.xml" 2>&1 | tee "$results/logs/gpu_tests_$v.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E "
+      --junitxml="$results/logs/gpu_tests_$v.xml" ${DEVICE_PYTEST_ARGS:-} 2>&1 | tee "$results/logs/gpu_tests_$v.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E "
     code=${PIPESTATUS[0]}
     "$py" - "$results/logs/gpu_tests_$v.xml" "$results/gpu_tests_$v/gpu_checks.json" "$results/gpu_tests_$v.json" "$v" <<'EOF' || true
 import json, os, sys
@@ -382,10 +390,11 @@ if has_part gpu-bench; then
     ((code == 0)) || fail "benchmark $part with horovod ($v) (exit $code)"
     publish
   }
-  bench "$nccl" throughput "gpu_throughput_${nccl}_1w" --np 1
-  [[ ${ways[$nccl]:-none} != none ]] && bench "$nccl" throughput "gpu_throughput_${nccl}_2w" --np 2
-  [[ ${ways[$two]:-none} != none ]] && bench "$two" overlap "gpu_overlap_${two}_2w" --overlap-np 2
-  bench "$two" staging "gpu_staging_$two"
+  wants() { [[ ",$benches," == *",$1,"* ]]; }
+  wants throughput_1w && bench "$nccl" throughput "gpu_throughput_${nccl}_1w" --np 1
+  wants throughput_2w && [[ ${ways[$nccl]:-none} != none ]] && bench "$nccl" throughput "gpu_throughput_${nccl}_2w" --np 2
+  wants overlap && [[ ${ways[$two]:-none} != none ]] && bench "$two" overlap "gpu_overlap_${two}_2w" --overlap-np 2
+  wants staging && bench "$two" staging "gpu_staging_$two"
 fi
 
 # --- 6. the CPU study ----------------------------------------------------------------------------

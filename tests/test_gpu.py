@@ -9,8 +9,8 @@ two-rank tests first find a way that works (the ``two_ranks`` fixture): Horovod 
 without GPU operations stages CUDA tensors through host memory), else NCCL with a host id per rank
 (``HVD_ASYNC_NCCL_HOSTID_PER_RANK=1``: NCCL takes the ranks for two hosts and joins them over
 sockets on ``lo``); they skip, saying why, when neither does. ``HVD_ASYNC_GPU_TWO_RANKS=plain|hostid``
-forces one. ``HVD_ASYNC_GPU_RESULTS=DIR`` keeps each check's measured figures in
-``DIR/gpu_checks.json``.
+forces one (``none``: skip, scripts/device_check.sh's probe found no way). ``HVD_ASYNC_GPU_RESULTS=DIR``
+keeps each check's measured figures in ``DIR/gpu_checks.json``.
 """
 import json
 import os
@@ -72,6 +72,9 @@ def _why(out: str) -> str:
 def two_ranks():
     """The environment under which two ranks share the GPU through Horovod, or skip saying why."""
     forced = os.environ.get("HVD_ASYNC_GPU_TWO_RANKS")
+    if forced == "none":
+        pytest.skip("two ranks cannot share the GPU through Horovod here: scripts/device_check.sh's probe "
+                    "found no way (HVD_ASYNC_GPU_TWO_RANKS=none)")
     tried = []
     for way, env in WAYS.items():
         if forced and way != forced:
