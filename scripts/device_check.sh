@@ -10,6 +10,7 @@
 #                           $DEVICE_WORK/openmpi (nothing is installed into the system), used through
 #                           PATH, LD_LIBRARY_PATH and the relocation variables (OPAL_PREFIX, PMIX_*);
 #                           a library the machine already has is taken from the machine
+#   .device/wheels/*.whl    cffi and pycparser (Horovod's setup.py asks setuptools for cffi), put on PYTHONPATH
 #   .device/src/horovod-0.28.1.tar.gz   built by scripts/build_horovod.sh (PIP_NO_INDEX + PIP_FIND_LINKS
 #                           make its `pip wheel horovod==0.28.1` take the archive) into a folder of its own
 #   .device/src/mpi4py-*.tar.gz         built only if the machine's mpi4py cannot load this Open MPI
@@ -225,6 +226,18 @@ setup_mpi4py() {
 }
 
 # --- 3. Horovod ----------------------------------------------------------------------------------
+carried_wheels() {  # .device/wheels (cffi, pycparser: Horovod's setup_requires) onto PYTHONPATH
+  local site=$work/site
+  ls "$carry"/wheels/*.whl >/dev/null 2>&1 || return 0
+  "$py" -c 'import cffi' 2>/dev/null && { say "cffi is there: the carried wheels are not needed"; return 0; }
+  if [[ ! -f $site/.ok ]]; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$carry"/wheels/*.whl \
+      || { fail "could not install the carried wheels ($carry/wheels)"; return 1; }
+    touch "$site/.ok"
+  fi
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+  say "carried wheels on PYTHONPATH: $(cd "$carry/wheels" && ls *.whl | tr '\n' ' ')"
+}
 stamp() { "$py" -c 'import sys, torch; print(f"py{sys.version_info[0]}.{sys.version_info[1]} torch{torch.__version__}")'; }
 nccl_home() {  # torch's own NCCL (the nvidia-nccl package), with the libnccl.so link CMake looks for
   local dir; dir=$("$py" -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0])' 2>/dev/null)
@@ -303,6 +316,7 @@ declare -A ways=()
 if ((need_setup)); then
   setup_mpi || { publish; exit 1; }
   setup_mpi4py || { publish; exit 1; }
+  carried_wheels || { publish; exit 1; }
   want=$variants; [[ $want == auto ]] && want=nccl
   for v in ${want//,/ }; do build_variant "$v" && built+=("$v"); done
   if ((!dry)); then

@@ -4,6 +4,7 @@
 #
 #   .device/debs/   OpenMPI 4.1 and the libraries it loads, as Debian packages (unpacked there with
 #                   dpkg -x into a prefix; nothing is installed into the system)
+#   .device/wheels/ cffi and pycparser for the device's Python (Horovod's build asks for cffi)
 #   .device/src/    the source archives of Horovod (built there by scripts/build_horovod.sh) and of
 #                   mpi4py (built there only if the preinstalled mpi4py cannot load Open MPI 4.1)
 #
@@ -53,6 +54,17 @@ if ! ls "$dest/src/mpi4py-$mpi4py_version.tar.gz" >/dev/null 2>&1; then
   log "downloading the mpi4py $mpi4py_version source archive (the fallback if the device's mpi4py cannot load Open MPI)"
   "$python" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$dest/src" \
     "mpi4py==$mpi4py_version"
+fi
+
+# Horovod's setup.py asks setuptools for cffi (its setup_requires) when it builds; the device image
+# has the others (cloudpickle, psutil, pyyaml, packaging) but not cffi, and cannot fetch it
+device_python=${DEVICE_PYTHON_VERSION:-3.12}
+mkdir -p "$dest/wheels"
+if ! ls "$dest/wheels"/cffi-*.whl >/dev/null 2>&1 || ! ls "$dest/wheels"/pycparser-*.whl >/dev/null 2>&1; then
+  log "downloading cffi and pycparser wheels for the device's Python $device_python"
+  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "$device_python" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$dest/wheels" cffi pycparser
 fi
 
 bytes=$(du -sb "$dest" | cut -f1)
