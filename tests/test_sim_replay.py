@@ -11,6 +11,9 @@ version instead, and from there the runs differ (chaotically, not by a bounded t
 bit-exact runs hold a mutex over the workers around each ``opt.step()`` (the order is still decided
 by real timing); the free-running run checks that the replay follows its order and that every pull
 before the first such race read exactly what the real one did.
+
+dc-asgd's server takes the pushes one at a time through its mailbox and answers each with the
+weights its worker goes on from, so nothing races: a free-running dc-asgd run replays to the bit.
 """
 import numpy as np
 import pytest
@@ -22,18 +25,18 @@ from procs import mpirun, python
 EPOCHS = 2
 
 
-def real_run(tmp_path, *, serial: bool, no_shm: bool) -> Trace:
+def real_run(tmp_path, *, serial: bool, no_shm: bool, algo: str = "asgd") -> Trace:
     folder = tmp_path / "real"
-    result = mpirun(4, python("tests/mpi/sim_replay_job.py", str(EPOCHS), *(["serial"] if serial else [])),
+    result = mpirun(4, python("tests/mpi/sim_replay_job.py", str(EPOCHS), *(["serial"] if serial else []), algo),
                     no_shm=no_shm, env={"HVD_ASYNC_WINDOW_TRACE": str(folder)}, timeout=300)
     assert result.returncode == 0, result.out[-4000:]
     assert "REPLAY JOB OK" in result.out, result.out[-4000:]
     return Trace(str(folder))
 
 
-def replay(tmp_path, real: Trace):
+def replay(tmp_path, real: Trace, algo: str = "asgd"):
     folder = tmp_path / "sim"
-    record = simulate(["--algo", "asgd", "--workers", "3", "--epochs", str(EPOCHS), "--replay", real.directory,
+    record = simulate(["--algo", algo, "--workers", "3", "--epochs", str(EPOCHS), "--replay", real.directory,
                        "--trace-out", str(folder)])
     sim = Trace(str(folder))
     assert sim.check_order() == real.check_order() >= EPOCHS * 45
@@ -68,3 +71,18 @@ def test_replay_of_a_free_running_asgd_run_follows_its_order(tmp_path):
         for worker in range(3):
             np.testing.assert_array_equal(sim.final(worker), real.final(worker))
     print(f"free-running replay: {counts['pulls_matched']} of {counts['pulls']} pulls read what the real ones read")
+
+
+@pytest.mark.parametrize("mode", ["shm", "no-shm"])
+def test_replay_of_a_free_running_dc_asgd_run_gives_the_same_final_weights(tmp_path, mode):
+    """dc-asgd's server takes one push at a time through its mailbox and answers with the weights the
+    worker goes on from: no read can race a push, so a free-running run replays to the bit (the
+    look-ahead and the compensation included), every answer bringing what the real one brought."""
+    real = real_run(tmp_path, serial=False, no_shm=mode == "no-shm", algo="dc-asgd")
+    record, sim = replay(tmp_path, real, algo="dc-asgd")
+    counts = record["simulator"]["replay"]
+    assert counts["pulls_matched"] == counts["pulls"] > EPOCHS * 45, counts
+    for worker in range(3):
+        assert [p["after_push"] for p in real.pulls(worker)].count(True) == len(real.pushes(worker))
+        assert [p["digest"] for p in sim.pulls(worker)] == [p["digest"] for p in real.pulls(worker)]
+        np.testing.assert_array_equal(sim.final(worker), real.final(worker))

@@ -85,7 +85,7 @@ class Cluster:
         args = self.args
         if self.servers is not None:
             tracer = None
-            if args.trace_out and self.servers.spec.mode == "accumulate":
+            if args.trace_out:
                 tracer = Tracer(args.trace_out, rank, args.algo)
             script = ReplayScript(rank, self.replay.events[rank]) if self.replay is not None else None
             return SimWindowTransport(self.net, rank, self.servers, script=script, tracer=tracer)

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from .. import config, options, registry
 from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 
-REPLAYABLE = ("asgd",)
+REPLAYABLE = ("asgd", "dc-asgd", "lc-asgd")  # each push is one update, applied where it lands
 DEFAULT_COMPUTE_MS = 10.0
 
 
@@ -56,9 +56,9 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
                    help="compute-time factor of the --slow-workers (>= 1; multiplies --straggler's)")
     g.add_argument("--trace-out", default=d(None), metavar="DIR",
                    help="write every worker's pushes and pulls (and final weights) here, in the format "
-                        "HVD_ASYNC_WINDOW_TRACE gives a real run (asgd, dbs-asgd, easgd)")
+                        "HVD_ASYNC_WINDOW_TRACE gives a real run (the parameter-server algorithms)")
     g.add_argument("--replay", default=d(None), metavar="DIR",
-                   help="asgd: make the pushes land in the order a real run recorded "
+                   help="asgd, dc-asgd, lc-asgd: make the pushes land in the order a real run recorded "
                         "(HVD_ASYNC_WINDOW_TRACE=DIR); needs the same --workers, --seed and options")
     return p
 

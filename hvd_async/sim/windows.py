@@ -19,8 +19,10 @@ two pushes element by element; the sums are the same up to float rounding order)
 
 Replay (``script``, a :class:`ReplayScript` of a recorded real run, :mod:`hvd_async.transport.trace`):
 each push waits until the shards' version reaches the place the recorded push took, so the pushes
-land in the real run's order. A real ``pull(after_push=True)`` may have read pushes that landed
-after its own (the transport then counts them as stale): the replayed pull waits until the global
+land in the real run's order (in mailbox mode, the place the server gave it; each answer's weights
+are then compared with the recorded ones and counted as matched or not). A real
+``pull(after_push=True)`` may have read pushes that landed after its own (the transport then counts
+them as stale): the replayed pull waits until the global
 weights are the very ones the recorded pull read (their digest), but no longer than until the
 version this worker's next recorded exchange saw; if they never are (two real pushes landed in the
 other order, or a read overlapped a push), it reads the weights of the recorded version instead
@@ -267,7 +269,10 @@ class SimWindowTransport(W.WindowTransport):
             if servers.digest() == want:
                 for host, part in parts:
                     part.copy_(host.weights)
-        if hashlib.sha1(torch.cat([part for _, part in parts]).numpy().tobytes()).hexdigest() == want:
+        self._count_match(want, torch.cat([part for _, part in parts]))
+
+    def _count_match(self, want: str, flat: torch.Tensor) -> None:
+        if hashlib.sha1(flat.numpy().tobytes()).hexdigest() == want:
             self.script.matched += 1
         else:
             self.script.unmatched += 1
@@ -285,6 +290,9 @@ class SimWindowTransport(W.WindowTransport):
         me = self._rank
         header = np.zeros(W.H_LEN, dtype=np.float64)
         W.encode_request(header, kind, payload)
+        if self.script is not None and kind is W.Kind.PUSH:  # the server took it at its recorded place
+            turn = self.script.next("push")["version"][0]
+            self.net.sched.wait_until(me, lambda: self.hosts[0].version == turn, f"its recorded turn (version {turn})")
         for k, (host, part) in enumerate(grads):
             if part is not None:
                 host.inbox[me].copy_(part)
@@ -301,6 +309,10 @@ class SimWindowTransport(W.WindowTransport):
                 part.copy_(host.outbox[me])
             self._versions[:] = answers.versions
             np.maximum(self.latest_versions, self._versions, out=self.latest_versions)
+            if self.script is not None and out is not None:  # the answer brought what the real one did?
+                self._count_match(self.script.next("pull")["digest"], out)
+            if self._trace is not None:
+                self._trace.answered(kind is W.Kind.PUSH, answers, out)
             return answers
 
         self._pending = W.Pending(finish)

@@ -1,7 +1,8 @@
 """A record of one worker's pushes and pulls on a window transport, for the simulator's replay.
 
-Opt-in: with ``HVD_ASYNC_WINDOW_TRACE=DIR`` in the environment every accumulate-mode
-:class:`~hvd_async.transport.window.WindowTransport` (asgd, dbs-asgd, easgd) writes
+Opt-in: with ``HVD_ASYNC_WINDOW_TRACE=DIR`` in the environment every
+:class:`~hvd_async.transport.window.WindowTransport` (accumulate mode: asgd, dbs-asgd, easgd; mailbox
+mode: dc-asgd, lc-asgd) writes
 ``DIR/worker-R.jsonl`` (one JSON line per exchange, in order) and, at ``close()``, ``DIR/worker-R.npy``:
 the buffer of its last pull (after the training job's final ``load_global_model()``: the final global
 weights). ``hvd-async simulate --trace-out DIR`` writes the same files from the simulator, and
@@ -9,7 +10,10 @@ weights). ``hvd-async simulate --trace-out DIR`` writes the same files from the 
 
 Lines: ``{"op": "push", "version": [v per shard], "staleness": [...]}`` (``v``: the shard's version
 before this push, i.e. its place in the order of all pushes) and ``{"op": "pull", "version": [...],
-"after_push": bool, "digest": sha1 of the weights read}``.
+"after_push": bool, "digest": sha1 of the weights read}``. In mailbox mode a push is the server's
+answer read back: ``version`` is the place the server gave it (the version it answered with, less
+one), and a ``pull`` line follows with the digest of the weights the answer brought
+(``after_push``: true); a ``Kind.PULL`` request's answer is a ``pull`` line too.
 """
 import hashlib
 import json
@@ -38,9 +42,17 @@ class Tracer:
 
     @classmethod
     def from_env(cls, rank: int, algorithm: str, mode: str) -> Optional["Tracer"]:
-        """A tracer when ``HVD_ASYNC_WINDOW_TRACE`` names a folder and the transport is in accumulate mode."""
+        """A tracer when ``HVD_ASYNC_WINDOW_TRACE`` names a folder (window transports of either mode)."""
         directory = os.environ.get(ENV)
-        return cls(directory, rank, algorithm) if directory and mode == "accumulate" else None
+        return cls(directory, rank, algorithm) if directory and mode in ("accumulate", "mailbox") else None
+
+    def answered(self, kind_is_push: bool, answers, out: Optional[torch.Tensor]) -> None:
+        """A mailbox answer: the push's place (answered version less one), then what it brought back."""
+        versions = answers.versions
+        if kind_is_push:
+            self.push(versions - 1, answers.staleness)
+        if out is not None:
+            self.pull(versions, out, kind_is_push)
 
     def push(self, versions, staleness) -> None:
         self._file.write(json.dumps({"op": "push", "version": [int(v) for v in versions],

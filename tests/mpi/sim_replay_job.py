@@ -1,7 +1,8 @@
-"""A real asgd run for the simulator's replay test (tests/test_sim_replay.py), under mpirun with one server.
+"""A real run for the simulator's replay test (tests/test_sim_replay.py), under mpirun with one server.
 
-``HVD_ASYNC_WINDOW_TRACE=DIR mpirun -np 4 python tests/mpi/sim_replay_job.py EPOCHS [serial]`` trains the
-digits MLP exactly as ``hvd-async simulate --algo asgd --workers 3 --epochs EPOCHS`` does with its
+``HVD_ASYNC_WINDOW_TRACE=DIR mpirun -np 4 python tests/mpi/sim_replay_job.py EPOCHS [serial] [ALGO]`` trains
+the digits MLP exactly as ``hvd-async simulate --algo ALGO --workers 3 --epochs EPOCHS`` (ALGO: asgd, the
+default, or dc-asgd / lc-asgd, whose servers take the pushes through their mailbox) does with its
 defaults (seed 0, batch 32, SGD lr 0.1 momentum 0.9, each worker's own random passes from
 ``jobstate.Batches``, an epoch ends for a worker once the pushes it has seen reach ``epoch x`` 45)
 and records every worker's pushes and pulls in DIR. Worker 0 prints ``REPLAY JOB OK`` at the end.
@@ -22,7 +23,7 @@ from hvd_async import data, models
 from hvd_async.jobstate import Batches
 
 
-def main(epochs: int, serial: bool) -> None:
+def main(epochs: int, serial: bool, algorithm: str) -> None:
     ha.init(servers=1)
     if ha.is_server():
         ha.serve()
@@ -33,7 +34,7 @@ def main(epochs: int, serial: bool) -> None:
     torch.manual_seed(0)
     model = models.build_model("mlp", splits.input_shape, splits.num_classes)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters(), algorithm="asgd")
+                                  named_parameters=model.named_parameters(), algorithm=algorithm)
     opt.begin()  # collective: before any step takes the mutex below
     batches = Batches(len(splits.train), 32, rank=rank, workers=workers, seed=0, synchronous=False)
     per_epoch = -(-len(splits.train) // 32)
@@ -61,4 +62,5 @@ def main(epochs: int, serial: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2:] == ["serial"])
+    flags = sys.argv[2:]
+    main(int(sys.argv[1]), "serial" in flags, next((f for f in flags if f != "serial"), "asgd"))

@@ -351,6 +351,8 @@ class WindowTransport(MetaAccess, Transport):
                 final_out.copy_(out)
             answers = Answers(self._answers.copy())
             self._versions[:] = answers.versions
+            if self._trace is not None:
+                self._trace.answered(kind is Kind.PUSH, answers, final_out)
             return answers
 
         self._pending = Pending(finish)
