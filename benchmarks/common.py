@@ -171,17 +171,18 @@ def versions() -> dict:
 
 
 def source_state():
-    """(commit, tree_clean, dirty files, where the commit came from). Without a repository (the device
-    machine gets a copy of the tree, no .git) the commit is DEVICE_COMMIT, as scripts/device_check.sh
-    names it (benchmarks/device_info.py: a sha, '+dirty' when the tree differed where it was set)."""
-    head = git("rev-parse", "HEAD")
-    if head:
-        dirty = dirty_files()
-        return head, not dirty, dirty, "git"
+    """(commit, tree_clean, dirty files, where the commit came from). On the device machine the commit
+    is DEVICE_COMMIT, as scripts/device_check.sh names it (benchmarks/device_info.py: a sha, '+dirty'
+    when the tree differed where it was set): the device tool's copy of the tree may carry no .git, or
+    the session's starting one (seen: its HEAD an older commit, the newer ones' files 'dirty')."""
     named = os.environ.get("DEVICE_COMMIT", "")
     if named:
         sha = named.split("+")[0]
         return sha, named == sha, ([] if named == sha else ["(DEVICE_COMMIT says +dirty)"]), "DEVICE_COMMIT"
+    head = git("rev-parse", "HEAD")
+    if head:
+        dirty = dirty_files()
+        return head, not dirty, dirty, "git"
     return None, False, ["(no git repository and no DEVICE_COMMIT: the tree cannot be checked)"], "none"
 
 
