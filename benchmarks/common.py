@@ -229,10 +229,15 @@ def spread(values) -> dict:
 
 def train_job(flags, *, timeout: float = 1800) -> dict:
     """Run ``hvd-async train FLAGS --metrics-out ...`` and return its metrics record (exits on failure)."""
+    return cli_job("train", [*flags, "--progress", "epochs"], timeout=timeout)
+
+
+def cli_job(command: str, flags, *, timeout: float = 1800) -> dict:
+    """Run ``hvd-async COMMAND FLAGS --metrics-out ...`` (train, simulate) and return its metrics record
+    (exits on failure)."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.json")
-        cmd = [sys.executable, "-m", "hvd_async.cli", "train", *map(str, flags), "--progress", "epochs",
-               "--metrics-out", metrics]
+        cmd = [sys.executable, "-m", "hvd_async.cli", command, *map(str, flags), "--metrics-out", metrics]
         done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout)
         if done.returncode != 0:

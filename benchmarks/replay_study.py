@@ -19,16 +19,14 @@ Prints a table per seed and the means; writes JSON (with provenance) to ``--out`
     python benchmarks/replay_study.py --algo lc-asgd --seeds 11,12 --variants='--lam 0;--no-lookahead'
 """
 import argparse
-import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from common import HERE, ROOT, train_job, write_record
+from common import HERE, cli_job, train_job, write_record
 
 DEFAULT_VARIANTS = "--lam 0;--dc-compensate uncovered;--no-lookahead;--momentum 0.8"
 
@@ -60,17 +58,8 @@ def parse_args(argv=None):
 
 def simulate(args, seed, flags, timeout) -> dict:
     """``hvd-async simulate`` of the same job with ``flags`` added; its metrics record."""
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.json")
-        cmd = [sys.executable, "-m", "hvd_async.cli", "simulate", "--algo", args.algo, "--workers", str(args.workers),
-               "--model", args.model, "--epochs", str(args.epochs), "--seed", str(seed), *flags,
-               "--metrics-out", metrics]
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
-        with open(metrics) as f:
-            return json.load(f)
+    return cli_job("simulate", ["--algo", args.algo, "--workers", args.workers, "--model", args.model,
+                                "--epochs", args.epochs, "--seed", seed, *flags], timeout=timeout)
 
 
 def summary_of(record) -> dict:
