@@ -37,6 +37,12 @@ def _compression(value):
                      f"(hvd.Compression.fp16), got {value!r}")
 
 
+def device_flag(screens) -> torch.Tensor:
+    """1.0 when the screens' sum is not finite, else 0.0, as a one-element tensor where the screens are
+    (same dtype): computed on the device, so nothing waits for the GPU before the flag is reduced."""
+    return torch.isfinite(torch.stack(screens).double().sum()).logical_not().float().reshape(1)
+
+
 @dataclass
 class SSGDOptions:
     backward_passes_per_step: int = option(1, "backward passes accumulated locally per step",
@@ -142,8 +148,12 @@ class SSGD(Strategy):
             return
         if self._flag is not None:  # a second synchronize() before step(): the newer flag counts
             self._flagged()
-        screened = torch.stack([s.double() for s in self._screens]).sum() if self._screens else torch.zeros(())
-        flag = torch.tensor([0.0 if bool(torch.isfinite(screened)) else 1.0])
+        screens = self._screens
+        if screens and screens[0].is_cuda and len({s.dtype for s in screens}) == 1:
+            flag = device_flag(screens)  # on the GPU: a few launches and no host sync here
+        else:
+            screened = torch.stack([s.double() for s in screens]).sum() if screens else torch.zeros(())
+            flag = torch.tensor([0.0 if bool(torch.isfinite(screened)) else 1.0])
         self._screens = []
         self._flag = self.transport.allreduce_async_(flag, name="ssgd.nonfinite", op=ReduceOp.SUM), flag
 

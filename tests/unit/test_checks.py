@@ -1,8 +1,10 @@
-"""all_finite: the screen by sums and its exact fallback."""
+"""all_finite: the screen by sums and its exact fallback; the GPU forms (a fused norm, a flag computed
+on the device) checked here on CPU tensors, with the same cases."""
 import pytest
 import torch
 
-from hvd_async.checks import all_finite
+from hvd_async.algorithms.ssgd import device_flag
+from hvd_async.checks import all_finite, all_finite_fused
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -28,3 +30,20 @@ def test_large_finite_values_whose_sum_overflows_are_finite():
 
 def test_nothing_to_check_is_finite():
     assert all_finite([])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_the_gpu_forms_find_a_non_finite_element_anywhere(bad, dtype):
+    tensors = [torch.ones(7, dtype=dtype), torch.zeros(3, 5, dtype=dtype), torch.full((4,), 2.0, dtype=torch.float32)]
+    assert all_finite_fused(tensors, foreach=False)
+    assert float(device_flag([torch.dot(t.reshape(-1), t.reshape(-1)).float() for t in tensors])) == 0.0
+    tensors[1][2, 4] = bad
+    assert not all_finite_fused(tensors, foreach=False)
+    assert float(device_flag([torch.dot(t.reshape(-1), t.reshape(-1)).float() for t in tensors])) == 1.0
+
+
+def test_the_fused_norm_falls_back_to_the_exact_check_on_overflow():
+    big = torch.full((4,), 3.0e38)  # the norm overflows; every element is finite
+    assert bool(torch.isinf(torch.nn.utils.get_total_norm([big], 2.0)))
+    assert all_finite_fused([big, big.clone()], foreach=False)
