@@ -19,6 +19,9 @@ from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxP
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
 MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
+PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm exceeds this factor times the "
+                  "running mean of the pushes' gradient norms (decay 0.9), to that bound: a push out of "
+                  "line with the others cannot throw the weights off (0: never)")
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
                    "look-ahead's one push from each other worker: a straggler's; every push without the "
@@ -35,11 +38,13 @@ class DCASGDOptions:
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
     lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
     compensate: str = option("always", COMPENSATE_HELP, flag="--dc-compensate", choices=COMPENSATE)
+    push_clip: float = option(1.5, PUSH_CLIP_HELP, flag="--push-clip")
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
         check_push_rate(self.push_rate)
         check_lookahead(self.lookahead)
+        check_push_clip(self.push_clip)
         if self.compensate not in COMPENSATE:
             raise ValueError(f"compensate must be 'uncovered' (the pushes delayed beyond what the look-ahead "
                              f"covers) or 'always' (every push), got {self.compensate!r}")
@@ -48,6 +53,31 @@ class DCASGDOptions:
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
 
+
+
+def check_push_clip(value) -> None:
+    if not (is_finite_number(value) and (value == 0 or value >= 1)):
+        raise ValueError(f"push_clip must be 0 (never clip) or a factor >= 1 of the running mean gradient "
+                         f"norm, got {value!r}")
+
+
+class PushClip:
+    """Scales down a push whose gradient norm exceeds ``factor`` times the running mean of the pushes'
+    gradient norms on this shard, to that bound. The mean decays by 0.9 a push and takes each norm
+    as kept (clipped), so one push far out of line moves the bound little."""
+
+    DECAY = 0.9
+
+    def __init__(self, factor: float):
+        self.factor, self.mean = float(factor), None
+
+    def scale(self, norm: float) -> float:
+        """The factor this push's step is multiplied by (1.0: kept as it is); updates the mean."""
+        bound = None if self.mean is None else self.factor * self.mean
+        clipped = bound is not None and norm > bound
+        kept = bound if clipped else norm
+        self.mean = kept if self.mean is None else self.DECAY * self.mean + (1.0 - self.DECAY) * kept
+        return bound / norm if clipped else 1.0
 
 
 def _check_dc_numbers(lam, ms_momentum) -> None:
@@ -98,7 +128,7 @@ class DCASGD(MailboxStrategy):
     @classmethod
     def server_options(cls, options) -> Dict:
         return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum,
-                "lookahead": options.lookahead, "compensate": options.compensate}
+                "lookahead": options.lookahead, "compensate": options.compensate, "push_clip": options.push_clip}
 
     @classmethod
     def server_program(cls, host):
@@ -107,12 +137,13 @@ class DCASGD(MailboxStrategy):
 
 
 class DCProgram(MailboxProgram):
-    def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False, compensate="always"):
+    def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False, compensate="always", push_clip=0.0):
         super().__init__(host)
-        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum), lookahead, compensate)
+        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum), lookahead, compensate, push_clip)
 
-    def setup(self, rule, lookahead: bool, compensate: str = "always") -> None:
+    def setup(self, rule, lookahead: bool, compensate: str = "always", push_clip: float = 0.0) -> None:
         self.rule, self.compensate = rule, compensate
+        self.push_clip = PushClip(push_clip) if push_clip else None
         self.state = rule.init(self.host.weights)
         self.state["backup"] = self.host.outbox  # what each worker received: with the look-ahead, that point
         self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
@@ -149,12 +180,14 @@ class DCProgram(MailboxProgram):
         rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors") + SCRATCH_KEYS}
         predictors = {int(m): p.state_dict() for m, p in self.state.get("predictors", {}).items()}
         state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(rule_state),
-                     predictors=predictors)
+                     predictors=predictors, push_clip_mean=self.push_clip.mean if self.push_clip else None)
         return state
 
     def load_state_dict(self, state: Dict) -> None:
         super().load_state_dict(state)
         self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+        if self.push_clip is not None:
+            self.push_clip.mean = state.get("push_clip_mean")
         if self.lookahead is not None:
             self.lookahead.rebuild(self.momentum)
         self.state.update(tensors_copy(state["rule"]))
@@ -169,8 +202,13 @@ class DCProgram(MailboxProgram):
         step = self.compensated(worker, grad, payload)
         # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
         diff, = scratch(self.state, grad, 1, key="scratch_diff")  # (no temporary: see DCRule.compensated)
+        grad_norm = float(grad.norm())
         self.host.add_sums(float(torch.sub(step, grad, out=diff).norm()) ** 2,
-                           float(grad.norm()) ** 2)  # read by MailboxStrategy.stats
+                           grad_norm ** 2)  # read by MailboxStrategy.stats
+        if self.push_clip is not None:
+            scale = self.push_clip.scale(grad_norm)
+            if scale < 1.0:
+                step.mul_(scale)  # (the rule's scratch: ours to change)
         kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]
         if self.lookahead is not None:
             self.lookahead.remove(buffer)

@@ -9,7 +9,8 @@ from ..horovod_options import compression_name
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .dcasgd import ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, DCASGD, _check_dc_numbers, DCProgram
+from .dcasgd import (ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, PUSH_CLIP_HELP, DCASGD, _check_dc_numbers, DCProgram,
+                     check_push_clip)
 from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
@@ -32,11 +33,13 @@ class LCASGDOptions:
                               "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
     lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
+    push_clip: float = option(1.5, PUSH_CLIP_HELP, flag="--push-clip")
 
     def __post_init__(self):
         self.compression = compression_name(self.compression)
         check_push_rate(self.push_rate)
         check_lookahead(self.lookahead)
+        check_push_clip(self.push_clip)
         _check_dc_numbers(self.lam, self.ms_momentum)
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
@@ -47,7 +50,7 @@ class LCASGDOptions:
         LCRule(**self.rule_options())  # validates
 
     def rule_options(self) -> Dict:
-        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate", "lookahead")}
+        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate", "lookahead", "push_clip")}
 
 
 
@@ -87,7 +90,7 @@ class LCASGD(DCASGD):
 
     @classmethod
     def server_options(cls, options) -> Dict:
-        return dict(options.rule_options(), lookahead=options.lookahead)
+        return dict(options.rule_options(), lookahead=options.lookahead, push_clip=options.push_clip)
 
     @classmethod
     def server_program(cls, host):
@@ -98,9 +101,9 @@ class LCASGD(DCASGD):
 class LCProgram(DCProgram):
     """dc-asgd's program with the step scaled by the worker's predicted loss (rules/lc.py)."""
 
-    def __init__(self, host, lookahead=False, **options):
+    def __init__(self, host, lookahead=False, push_clip=0.0, **options):
         MailboxProgram.__init__(self, host)
-        self.setup(LCRule(**options), lookahead)
+        self.setup(LCRule(**options), lookahead, push_clip=push_clip)
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         loss, version = float(payload[F_LOSS]), self.computed_at(worker, payload)

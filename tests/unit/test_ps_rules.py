@@ -75,6 +75,8 @@ def test_staleness_scaled_mean_by_hand():
     (DCASGDOptions, {"adaptive": "yes"}, "adaptive must be True or False"),
     (SoftSyncOptions, {"n": 0}, "n must be an integer between 1 and the number of workers"),
     (ASGDOptions, {"pull_every": 1.5}, "pull_every must be an integer >= 1"),
+    (DCASGDOptions, {"push_clip": 0.5}, "push_clip must be 0 .* or a factor >= 1"),
+    (DCASGDOptions, {"push_clip": float("inf")}, "push_clip must be 0"),
 ])
 def test_bad_options_name_the_value(cls, options, match):
     with pytest.raises(ValueError, match=match):
@@ -124,27 +126,65 @@ def test_dc_rule_reuses_its_scratch_and_a_checkpoint_leaves_it_out():
     assert set(SCRATCH_KEYS) & set(state) == {"scratch"}
 
 
-def test_dc_program_checkpoint_holds_no_scratch():
-    from types import SimpleNamespace
+class _Host:  # what a server program reads and calls on its shard, in memory
+    def __init__(self, workers=2, numel=16):
+        from types import SimpleNamespace
 
+        self.spec = SimpleNamespace(workers=workers)
+        self.weights, self.version = torch.randn(numel), 0
+        self.outbox = [torch.zeros(numel) for _ in range(workers)]
+
+    def add_sums(self, *sums):
+        self.sums = sums
+
+    def bump(self, staleness, pushes=1):
+        self.version += 1
+
+    def answer(self, *args):
+        pass
+
+
+def test_push_clip_bounds_a_push_out_of_line_and_barely_moves_its_mean():
+    from hvd_async.algorithms.dcasgd import PushClip
+
+    clip = PushClip(1.5)
+    assert clip.scale(2.0) == 1.0 and clip.mean == 2.0  # the first push sets the mean, never clipped
+    assert clip.scale(2.5) == 1.0  # within 1.5 x 2.0
+    mean = clip.mean
+    assert clip.scale(100.0) == pytest.approx(1.5 * mean / 100.0)  # scaled to the bound
+    assert clip.mean == pytest.approx(0.9 * mean + 0.1 * 1.5 * mean)  # the bound entered the mean, not 100
+
+
+def test_dc_program_clips_the_pushed_step_and_checkpoints_the_mean():
     from hvd_async.algorithms.dcasgd import DCProgram
     from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
 
-    class Host:  # what the program reads and calls on its shard, in memory
-        spec = SimpleNamespace(workers=2)
-        weights, version = torch.randn(16), 0
-        outbox = [torch.zeros(16), torch.zeros(16)]
+    payload = {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
+    moves = {}
+    for push_clip in (0.0, 1.5):
+        host = _Host()
+        torch.manual_seed(0)
+        host.weights = torch.zeros(16)
+        program = DCProgram(host, lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=push_clip)
+        for m in (0, 1):
+            program.on_push(m, torch.ones(16), payload)
+        before = host.weights.clone()
+        program.on_push(0, torch.full((16,), 40.0), payload)  # 40 times the others' norm
+        moves[push_clip] = float((host.weights - before).norm())
+    assert moves[0.0] == pytest.approx(0.1 * 40.0 * 4.0)  # --push-clip 0: the step as it came
+    assert moves[1.5] == pytest.approx(0.1 * 1.5 * 4.0)  # scaled to 1.5 x the running mean norm (4)
+    state = program.state_dict()
+    assert state["push_clip_mean"] == pytest.approx(program.push_clip.mean)
+    again = DCProgram(_Host(), lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5)
+    again.load_state_dict(state)
+    assert again.push_clip.mean == program.push_clip.mean
 
-        def add_sums(self, *sums):
-            self.sums = sums
 
-        def bump(self, staleness, pushes=1):
-            self.version += 1
+def test_dc_program_checkpoint_holds_no_scratch():
+    from hvd_async.algorithms.dcasgd import DCProgram
+    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
 
-        def answer(self, *args):
-            pass
-
-    host = Host()
+    host = _Host()
     program = DCProgram(host, lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=True)
     payload = {F_LR: 0.05, F_MOMENTUM: 0.9, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
     for m in (0, 1, 0):

@@ -79,7 +79,7 @@ def test_lc_asgd_damps_only_the_delay_its_look_ahead_did_not_cover():
     (["--straggler", "7=2"], "there is no worker 7"),
     (["--algo", "softsync", "--softsync-n", "9"], "--softsync-n 9 must be between 1 and the number of workers (4)"),
     (["--algo", "nope"], "unknown algorithm 'nope'"),
-    (["--algo", "dc-asgd", "--replay", "somewhere"], "--replay supports asgd"),
+    (["--algo", "softsync", "--replay", "somewhere"], "--replay supports asgd, dc-asgd, lc-asgd"),
     (["--algo", "asgd", "--replay", "/nonexistent-trace"], "--replay /nonexistent-trace"),
 ])
 def test_bad_values_exit_2_with_one_line(capsys, argv, match):
