@@ -119,6 +119,11 @@ class DCASGD(MailboxStrategy):
             ``convergence_cnn8_dc_always.json``): ``'uncovered'`` passes the 4-worker and straggler
             cells as ``'always'`` does, and at 8 workers neither passes (0.919 and 0.926, target
             0.932): no gain to make it the default.
+        push_clip: a push whose gradient norm exceeds ``push_clip`` times the running mean of the
+            pushes' gradient norms on the shard (decay 0.9) is scaled down to that bound (default
+            1.5; 0: never, the behaviour before). At 8 workers the real push orders, replayed in the
+            simulator, showed single seeds falling apart mid-training under the same code that
+            trains on the simulator's orders; the guide's grid section gives the records.
     """
 
     name = "dc-asgd"
