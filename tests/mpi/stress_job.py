@@ -10,8 +10,8 @@ the algorithm's own options drawn from SEED (the same on every rank). Worker 0 p
 
 What is checked, per algorithm:
 
-- asgd, dbs-asgd, dc-asgd (lam=0), lc-asgd (lam=0, no loss term), softsync (n=workers, rate not
-  scaled by staleness), all with push_rate="full": the final global weights are exactly the initial ones minus the sum of all
+- asgd, dbs-asgd, dc-asgd (lam=0, no push clip), lc-asgd (lam=0, no loss term, no push clip),
+  softsync (n=workers, rate not scaled by staleness), all with push_rate="full": the final global weights are exactly the initial ones minus the sum of all
   pushes (dbs-asgd: each gradient weighted by its batch share, a multiple of 1/32); the servers
   counted every push and the staleness of each; dbs-asgd's shared cursor moved by every draw.
 - od-sgd (window or allreduce exchange): the global weights are exactly the initial ones minus the
@@ -37,7 +37,8 @@ from harness import check, main, say
 from ps_checks import NUMEL, integer_grad, integer_init
 
 EXACT = {"asgd": {"push_rate": "full"}, "dbs-asgd": {"push_rate": "full"},
-         "dc-asgd": {"lam": 0.0, "push_rate": "full"}, "lc-asgd": {"lam": 0.0, "loss_term": False, "push_rate": "full"},
+         "dc-asgd": {"lam": 0.0, "push_rate": "full", "push_clip": 0.0},
+         "lc-asgd": {"lam": 0.0, "loss_term": False, "push_rate": "full", "push_clip": 0.0},
          "softsync": {"staleness_lr": False, "push_rate": "full"}}  # the options under which each push is simply added
 NOMINAL_BATCH = 32  # dbs-asgd: a power of two, so every batch share is exact in fp32
 ROUNDING = 2.0 ** -23  # a generous bound on one fp32 addition's relative error (2**-24)
