@@ -165,9 +165,19 @@ def overlap():
         # one compute time for every worker (the largest): each timed its own exchange, and a worker that
         # computed less would wait in the allreduce for the others' longer compute, not for the exchange
         compute = max(comm.allgather(max(0.02, 5.0 * max(bare, own))))
-        hidden, own_then = _blocked_per_step(exchange, compute)
-        own = own if own_then is None else own_then  # timed in the same run as the compute
-        own, hidden = comm.allreduce(own) / comm.size, comm.allreduce(hidden) / comm.size
+        # up to three runs: on an oversubscribed machine (more ranks than cores, CI) one run's steps can
+        # be held up by the scheduler; an exchange that is not overlapped blocks for its whole time in
+        # every run (the figures are means over the workers, so every rank takes the same branch)
+        for attempt in range(3):
+            hidden, own_then = _blocked_per_step(exchange, compute)
+            own_run = own if own_then is None else own_then  # timed in the same run as the compute
+            own_run, hidden = comm.allreduce(own_run) / comm.size, comm.allreduce(hidden) / comm.size
+            if hidden < 0.5 * own_run:
+                break
+            if ha.rank() == 0:
+                print(f"{exchange}: run {attempt + 1} blocked {1e3 * hidden:.2f} ms of {1e3 * own_run:.2f} ms; "
+                      f"measuring again", flush=True)
+        own = own_run
         if ha.rank() == 0:
             print(f"{exchange}: the exchange takes {1e3 * own:.2f} ms; a step blocked {1e3 * hidden:.2f} ms "
                   f"behind {1e3 * compute:.0f} ms of compute ({hidden / own:.3f})", flush=True)
