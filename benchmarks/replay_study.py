@@ -19,6 +19,7 @@ Prints a table per seed and the means; writes JSON (with provenance) to ``--out`
     python benchmarks/replay_study.py --algo lc-asgd --seeds 11,12 --variants='--lam 0;--no-lookahead'
 """
 import argparse
+import collections
 import os
 import shlex
 import statistics
@@ -77,9 +78,7 @@ def order_of(trace_dir) -> dict:
 
     trace = Trace(trace_dir)
     staleness = [e["staleness"][0] for rank in trace.events for e in trace.events[rank] if e["op"] == "push"]
-    counts = {}
-    for s in staleness:
-        counts[s] = counts.get(s, 0) + 1
+    counts = collections.Counter(staleness)
     return {"pushes": trace.check_order(), "staleness_mean": round(statistics.mean(staleness), 3),
             "staleness_counts": {str(k): counts[k] for k in sorted(counts)},
             "share_at_workers_minus_one": round(counts.get(trace.workers - 1, 0) / len(staleness), 3)}
