@@ -17,7 +17,7 @@ from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COUNTER, META_HIST, ME
 logger = logging.getLogger("hvd_async.transport.window")
 
 
-class _Widened:
+class WidenedSlots:
     """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic:
     each read widens the slot as it is now into that worker's fp32 buffer (made at its first read and
     kept, so that a push allocates nothing: a fresh 4-byte copy of a large model costs its pages'
@@ -88,7 +88,7 @@ class ShardHost:
             self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
             self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
             if spec.wire == "fp16":  # the programs compute in fp32: each gradient read widened
-                self.inbox = _Widened(self.inbox)
+                self.inbox = WidenedSlots(self.inbox)
         self._start_bookkeeping()
         self.program = make_program(self)
 
