@@ -150,6 +150,7 @@ class Lookahead:
 
     def __init__(self, like: torch.Tensor):
         self.total = torch.zeros_like(like)
+        self.wide = None  # fp32 scratch for answers into fp16 slots (made at the first)
 
     @staticmethod
     def applies(kwargs) -> bool:
@@ -178,7 +179,11 @@ class Lookahead:
     def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float) -> None:
         """``out <- weights - step * sum_k buf_k`` in one pass (``step``: the rate per push times the
         momentum; ``out``: the worker's outbox slot, fp16 under compression)."""
-        if step:
+        if step and out.dtype != weights.dtype:  # an fp16 slot: torch would cast via a fresh temporary
+            if self.wide is None:
+                self.wide = torch.empty_like(weights)
+            out.copy_(torch.add(weights, self.total, alpha=-step, out=self.wide))
+        elif step:
             torch.add(weights, self.total, alpha=-step, out=out)
         else:
             out.copy_(weights)

@@ -65,7 +65,10 @@ class DCRule(Rule):
             ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
         if not (self.lam and active):
             return step.copy_(grad)
-        torch.sub(weights, state["backup"][worker], out=step)  # the drift
+        backup = state["backup"][worker]
+        if backup.dtype != weights.dtype:  # an fp16 outbox slot: widened here, not into a temporary
+            backup = step.copy_(backup)
+        torch.sub(weights, backup, out=step)  # the drift
         step.mul_(grad).mul_(grad)
         if self.adaptive:  # lam / sqrt(MS + eps)
             step.div_(torch.add(state["mean_square"], self.eps, out=work).sqrt_())

@@ -194,3 +194,45 @@ def test_dc_program_checkpoint_holds_no_scratch():
     assert grad_sq == pytest.approx(float(g.norm()) ** 2)
     assert compensation_sq > 0
     assert set(program.state_dict()["rule"]) == {"mean_square"}
+
+
+def _allocations(call, numel: int) -> list:
+    """The ops inside ``call()`` that allocated a tensor of ``numel`` fp16 elements or more (a Python
+    number's own small tensor aside)."""
+    from torch.profiler import profile
+
+    with profile(profile_memory=True) as prof:
+        call()
+    return [(e.name, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage >= 2 * numel]
+
+
+def test_fp16_slots_enter_the_arithmetic_through_kept_buffers_with_the_same_numbers():
+    # under fp16 compression a worker's backup and its answer are fp16 slots; mixed into the fp32
+    # arithmetic, torch cast them through a fresh temporary on every push (lookahead_cost.py --wire fp16)
+    from hvd_async.algorithms.ps import Lookahead
+
+    n = 4096
+    torch.manual_seed(0)
+    w, g = torch.randn(n), torch.randn(n)
+    half = (w - 0.01 * torch.randn(n)).half()
+    rule = DCRule(2.0, adaptive=True)
+    steps = []
+    for backup in (half, half.float()):
+        state = rule.init(w)
+        state["backup"] = [backup]
+        rule.compensated(w, g, state, 0)  # the scratch exists from now on
+        steps.append(rule.compensated(w, g, state, 0).clone())
+    assert torch.equal(steps[0], steps[1])
+    state["backup"] = [half]
+    assert _allocations(lambda: rule.compensated(w, g, state, 0), n) == []
+
+    look = Lookahead(w)
+    look.total.copy_(torch.randn(n))
+    out = torch.empty(n, dtype=torch.float16)
+    look.answer(out, w, 0.05)
+    assert torch.equal(out, torch.add(w, look.total, alpha=-0.05).half())
+    assert _allocations(lambda: look.answer(out, w, 0.07), n) == []
+    assert torch.equal(out, torch.add(w, look.total, alpha=-0.07).half())
+    fp32 = Lookahead(w)
+    fp32.answer(torch.empty(n), w, 0.05)
+    assert fp32.wide is None  # fp32 slots are written directly
