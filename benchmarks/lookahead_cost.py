@@ -106,15 +106,15 @@ def main(argv=None) -> int:
                 for flag in (False, True):
                     times[flag].append(block(programs[flag], args.pushes))
             ratios = [a / b for a, b in zip(times[True], times[False])]
-            row = {"algo": algo, "wire": args.wire, "bytes": numel * 4, "plain_us_per_push": statistics.median(times[False]),
+            row = {"algo": algo, "bytes": numel * 4, "plain_us_per_push": statistics.median(times[False]),
                    "lookahead_us_per_push": statistics.median(times[True]), "ratio": statistics.median(ratios),
                    "ratio_per_block": spread(ratios)}
             rows.append(row)
             print(f"{algo:9s} {size:>5s}: plain {row['plain_us_per_push']:9.0f} us/push  look-ahead "
                   f"{row['lookahead_us_per_push']:9.0f} us/push  ratio {row['ratio']:.3f} "
                   f"[{row['ratio_per_block']['min']:.3f}-{row['ratio_per_block']['max']:.3f}]", flush=True)
-    write_record({"benchmark": "lookahead_cost", "wire": args.wire, "workers": WORKERS, "blocks": args.blocks, "pushes": args.pushes,
-                  "torch_threads": 1, "rows": rows}, args.out)
+    write_record({"benchmark": "lookahead_cost", "wire": args.wire, "workers": WORKERS, "blocks": args.blocks,
+                  "pushes": args.pushes, "torch_threads": 1, "rows": rows}, args.out)
     print(f"written {args.out}")
     return 0
 
