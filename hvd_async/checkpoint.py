@@ -27,6 +27,7 @@ import os
 import random
 import re
 import time
+import zipfile
 from collections import Counter, OrderedDict
 from typing import Any, Dict, Optional
 
@@ -81,10 +82,12 @@ def save(path: str, state: Dict[str, Any], *, kind: str = "train", meta: Optiona
 
 
 def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[str] = None,
-         map_location: Any = "cpu") -> Dict[str, Any]:
+         map_location: Any = "cpu", mmap: bool = False) -> Dict[str, Any]:
     """Read the state saved at ``path``. Each key of ``expect`` must equal the same key of the
     checkpoint's ``meta`` (and ``kind``, if given, its kind); otherwise :class:`CheckpointError`
-    names every difference. Tensors are mapped to ``map_location`` (the CPU unless told)."""
+    names every difference. Tensors are mapped to ``map_location`` (the CPU unless told); with
+    ``mmap`` their bytes stay in the file until read (a check of the header and meta alone reads
+    little of a large checkpoint)."""
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path} does not exist; check the path or start without --resume")
     try:
@@ -92,9 +95,10 @@ def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[s
     except OSError as error:
         raise CheckpointError(f"checkpoint {path} cannot be opened ({brief_error(error)}); "
                               f"check the path and its permissions, or {_AGAIN}") from None
+    mmap = mmap and zipfile.is_zipfile(path)  # (torch maps only its zip format; other bytes get its own error)
     with f:
         try:
-            record = torch.load(f, map_location=map_location, weights_only=True)
+            record = torch.load(path if mmap else f, map_location=map_location, weights_only=True, mmap=mmap)
         except Exception as error:  # damaged bytes raise many types: pickle, zip, EOF, OSError, RuntimeError
             raise CheckpointError(f"checkpoint {path} is truncated, corrupt or not a torch file "
                                   f"({brief_error(error)}); {_AGAIN}") from None

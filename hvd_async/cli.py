@@ -32,6 +32,15 @@ def _train(argv: List[str]) -> int:
         return 2
     from . import checkpoint  # (imports torch: not for --help)
 
+    if args.resume:  # refused here, before mpirun starts every rank, rather than by the job
+        from .jobstate import check_resumable, job_meta
+
+        try:
+            check_resumable(args.checkpoint_dir, job_meta(args, args.workers, args.servers))
+        except checkpoint.CheckpointError as exc:
+            print(f"hvd-async train: error: {exc}", file=sys.stderr)
+            return 2
+
     job_argv = _launcher_only_removed(argv, ("--mpi-args", "--max-restarts"))
     if "--np" not in job_argv and not any(a.startswith("--np=") for a in job_argv):
         job_argv += ["--np", str(args.np)]

@@ -19,7 +19,7 @@ import torch
 from . import checkpoint
 from .checkpoint import CheckpointError
 
-__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "parse_every", "rendezvous"]
+__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "check_resumable", "job_meta", "WorkerStalled", "parse_every", "rendezvous"]
 
 TAG_ARRIVED = 7201
 
@@ -169,6 +169,34 @@ class WorkerBatches:
         return self.batches.next(epoch)
 
 
+def job_meta(args, workers: int, servers: int, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
+    """What a checkpoint's ``meta`` names of the job (``args``: the training job's options): a resume
+    with other values is refused. ``parameters`` (name -> shape) only where the model is built."""
+    meta = {"algorithm": args.algo, "workers": workers, "servers": servers, "dataset": args.dataset,
+            "model": args.model, "batch_size": args.batch_size, "seed": args.seed}
+    if parameters is not None:
+        meta["parameters"] = parameters
+    return meta
+
+
+def no_checkpoint(directory: str) -> str:
+    return (f"--resume: no checkpoint (ckpt-<step>.pt) in {directory}; start without --resume, or point "
+            f"--checkpoint-dir at the run's folder")
+
+
+def check_resumable(directory: str, expect: Dict[str, Any]) -> str:
+    """The launcher's check before mpirun starts: the newest checkpoint in ``directory`` exists, is a
+    whole hvd_async checkpoint and was written by a job with ``expect``'s settings (what the launcher
+    knows: not the model's shapes, which the job checks when it restores). Returns its path; raises
+    :class:`CheckpointError` with the job's own one-line message otherwise, seconds earlier than the
+    job would (each rank imports torch and Horovod and loads the data first)."""
+    path = checkpoint.latest(directory)
+    if path is None:
+        raise CheckpointError(no_checkpoint(directory))
+    checkpoint.load(path, expect=expect, mmap=True)
+    return path
+
+
 class JobCheckpoints:
     """Collective save and restore of the job over the workers' communicator ``comm``."""
 
@@ -197,8 +225,7 @@ class JobCheckpoints:
         if self.comm.rank == 0:
             path = checkpoint.latest(self.directory)
             if path is None:
-                error = (f"--resume: no checkpoint (ckpt-<step>.pt) in {self.directory}; start without "
-                         f"--resume, or point --checkpoint-dir at the run's folder")
+                error = no_checkpoint(self.directory)
             else:
                 try:
                     state = checkpoint.load(path, expect=self.meta)

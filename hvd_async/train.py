@@ -99,7 +99,7 @@ def _build(args) -> WorkerLoop:
     import hvd_async as ha
     from . import data, models
     from .config import algorithm_options
-    from .jobstate import JobCheckpoints
+    from .jobstate import JobCheckpoints, job_meta
     from .metrics import RunMetrics
 
     rank, workers = ha.rank(), ha.size()
@@ -123,10 +123,8 @@ def _build(args) -> WorkerLoop:
     }, logdir=args.logdir, reporter=rank == 0)
     saver = None
     if args.checkpoint_dir:
-        saver = JobCheckpoints(args.checkpoint_dir, keep=args.keep_checkpoints, comm=comm, meta={
-            "algorithm": args.algo, "workers": workers, "servers": ha.num_servers(), "dataset": args.dataset,
-            "model": args.model, "batch_size": args.batch_size, "seed": args.seed,
-            "parameters": {name: list(p.shape) for name, p in model.named_parameters()}})
+        saver = JobCheckpoints(args.checkpoint_dir, keep=args.keep_checkpoints, comm=comm, meta=job_meta(
+            args, workers, ha.num_servers(), {name: list(p.shape) for name, p in model.named_parameters()}))
     return WorkerLoop(args, model=model, opt=opt, splits=splits, comm=comm, host=host, metrics=metrics,
                       servers=ha.num_servers() > 0, device=device, saver=saver,
                       show_bar=show_bar(args, rank == 0))

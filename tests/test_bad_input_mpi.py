@@ -3,9 +3,8 @@
 checkpoint under --resume. procs.run fails on a hang and on any process left behind."""
 import os
 
-from procs import mpirun, python, run
+from procs import mpirun, python
 
-CLI = python("-m", "hvd_async.cli")
 
 DIFFERENT_MODELS = """
 import sys
@@ -87,8 +86,9 @@ def test_corrupt_checkpoint_under_resume(tmp_path):
     path = str(tmp_path / "ckpt-12.pt")
     with open(path, "wb") as out:
         out.write(os.urandom(512))
-    result = run(CLI + ["train", "--np", "2", "--epochs", "2", "--checkpoint-dir", str(tmp_path), "--resume"],
-                 timeout=120)
+    # the job's own check (the launcher refuses before mpirun: tests/test_checkpoint_resume.py)
+    result = mpirun(2, python("-m", "hvd_async.train", "--np", "2", "--epochs", "2", "--checkpoint-dir",
+                              str(tmp_path), "--resume"), timeout=120)
     assert result.returncode == 2, result.out[-3000:]
     lines = _error_lines(result.out)
     assert len(lines) == 1 and lines[0].startswith(f"hvd_async.train: error: checkpoint {path} is truncated, "

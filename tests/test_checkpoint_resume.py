@@ -89,22 +89,29 @@ def test_async_resume_trains_on(tmp_path, algo, extra):
 
 
 def test_resume_refuses_another_job(tmp_path):
+    """The launcher refuses before mpirun starts (no rank prints its torch threads), with one line."""
     ck = tmp_path / "ck"
     assert train("--algo", "asgd", "--np", "3", "--epochs", "1", "--checkpoint-dir", str(ck)).returncode == 0
+
+    def refused(*argv):
+        result = train(*argv, "--epochs", "3", "--resume")
+        assert result.returncode == 2, result.out[-3000:]
+        errors = [line for line in result.out.splitlines() if "error:" in line]
+        assert len(errors) == 1 and errors[0].startswith("hvd-async train: error: "), result.out[-3000:]
+        assert "torch threads per rank" not in result.out, result.out[-3000:]
+        return errors[0]
+
     for argv, expected in (
             (["--algo", "dc-asgd", "--np", "3"], "was written with algorithm='asgd'; this job runs with "
                                                  "algorithm='dc-asgd'"),
             (["--algo", "asgd", "--np", "4"], "was written with workers=2; this job runs with workers=3"),
-            (["--algo", "asgd", "--np", "3", "--model", "cnn"], "model='mlp'")):
-        result = train(*argv, "--epochs", "3", "--checkpoint-dir", str(ck), "--resume")
-        assert result.returncode == 2, result.out[-3000:]
-        errors = [line for line in result.out.splitlines() if "error:" in line]
-        assert len(errors) == 1 and expected in errors[0], result.out[-3000:]
-    empty = train("--np", "2", "--checkpoint-dir", str(tmp_path / "none"), "--resume")
-    assert empty.returncode == 2 and "no checkpoint (ckpt-<step>.pt) in" in empty.out, empty.out[-2000:]
+            (["--algo", "asgd", "--np", "3", "--model", "cnn"], "model='mlp'"),
+            (["--algo", "asgd", "--np", "3", "--batch-size", "16"], "batch_size=16")):
+        assert expected in refused(*argv, "--checkpoint-dir", str(ck))
+    assert "no checkpoint (ckpt-<step>.pt) in" in refused("--np", "2", "--checkpoint-dir", str(tmp_path / "none"))
     (ck / "ckpt-999.pt").write_bytes(b"not a checkpoint")
-    corrupt = train("--algo", "asgd", "--np", "3", "--epochs", "3", "--checkpoint-dir", str(ck), "--resume")
-    assert corrupt.returncode == 2 and "is truncated, corrupt or not a torch file" in corrupt.out, corrupt.out[-2000:]
+    assert "is truncated, corrupt or not a torch file" in refused("--algo", "asgd", "--np", "3", "--checkpoint-dir",
+                                                                  str(ck))
 
 
 def test_nonfinite_streak_stops_with_a_checkpoint(tmp_path):

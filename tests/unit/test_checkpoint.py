@@ -241,3 +241,20 @@ def test_save_in_checks_step_and_keep(tmp_path, kwargs):
 
 def test_directory_instead_of_file(tmp_path):
     assert "cannot be opened (IsADirectoryError" in refusal(str(tmp_path))
+
+
+def test_the_launchers_resume_check_reads_the_newest_checkpoint_and_refuses_like_the_job(tmp_path):
+    from hvd_async.jobstate import check_resumable
+
+    with pytest.raises(CheckpointError, match=r"--resume: no checkpoint \(ckpt-<step>.pt\) in "):
+        check_resumable(str(tmp_path), META)
+    checkpoint.save_in(str(tmp_path), 3, {"weights": torch.arange(4.0)}, meta=META)
+    newest = checkpoint.save_in(str(tmp_path), 7, {"weights": torch.arange(4.0)}, meta=META)
+    assert check_resumable(str(tmp_path), {k: META[k] for k in ("algorithm", "workers", "model")}) == newest
+    with pytest.raises(CheckpointError, match=r"written with workers=4; this job runs with workers=3"):
+        check_resumable(str(tmp_path), dict(META, workers=3))
+    # bytes that are no zip file get the loader's own reason, not the memory map's
+    with open(os.path.join(tmp_path, "ckpt-9.pt"), "wb") as f:
+        f.write(os.urandom(512))
+    with pytest.raises(CheckpointError, match=r"is truncated, corrupt or not a torch file \(UnpicklingError"):
+        check_resumable(str(tmp_path), META)
