@@ -33,10 +33,10 @@ def _train(argv: List[str]) -> int:
     from . import checkpoint  # (imports torch: not for --help)
 
     if args.resume:  # refused here, before mpirun starts every rank, rather than by the job
-        from .jobstate import check_resumable, job_meta
+        from .jobstate import job_meta, load_newest
 
         try:
-            check_resumable(args.checkpoint_dir, job_meta(args, args.workers, args.servers))
+            load_newest(args.checkpoint_dir, job_meta(args, args.workers, args.servers), mmap=True)
         except checkpoint.CheckpointError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2

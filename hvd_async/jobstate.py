@@ -12,14 +12,15 @@ every server shard), its batch position, its RNG states and its counters; ``job`
 different one is refused with one line saying what differs.
 """
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import checkpoint
 from .checkpoint import CheckpointError
 
-__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "check_resumable", "job_meta", "WorkerStalled", "parse_every", "rendezvous"]
+__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "job_meta", "load_newest", "parse_every",
+           "rendezvous"]
 
 TAG_ARRIVED = 7201
 
@@ -179,22 +180,18 @@ def job_meta(args, workers: int, servers: int, parameters: Optional[Dict[str, Li
     return meta
 
 
-def no_checkpoint(directory: str) -> str:
-    return (f"--resume: no checkpoint (ckpt-<step>.pt) in {directory}; start without --resume, or point "
-            f"--checkpoint-dir at the run's folder")
-
-
-def check_resumable(directory: str, expect: Dict[str, Any]) -> str:
-    """The launcher's check before mpirun starts: the newest checkpoint in ``directory`` exists, is a
-    whole hvd_async checkpoint and was written by a job with ``expect``'s settings (what the launcher
-    knows: not the model's shapes, which the job checks when it restores). Returns its path; raises
-    :class:`CheckpointError` with the job's own one-line message otherwise, seconds earlier than the
-    job would (each rank imports torch and Horovod and loads the data first)."""
+def load_newest(directory: str, expect: Dict[str, Any], *, mmap: bool = False) -> Tuple[str, Dict[str, Any]]:
+    """``(path, state)`` of the newest checkpoint in ``directory``, which must exist, be a whole
+    hvd_async checkpoint and have been written by a job with ``expect``'s settings; otherwise
+    :class:`CheckpointError` with one line saying so. The job restores with it; the launcher checks
+    with it before mpirun starts (``mmap``: without reading the tensors, and without the model's
+    shapes in ``expect``, which only the job knows), seconds before each rank would have imported
+    torch and Horovod and loaded the data to refuse the same."""
     path = checkpoint.latest(directory)
     if path is None:
-        raise CheckpointError(no_checkpoint(directory))
-    checkpoint.load(path, expect=expect, mmap=True)
-    return path
+        raise CheckpointError(f"--resume: no checkpoint (ckpt-<step>.pt) in {directory}; start without "
+                              f"--resume, or point --checkpoint-dir at the run's folder")
+    return path, checkpoint.load(path, expect=expect, mmap=mmap)
 
 
 class JobCheckpoints:
@@ -223,16 +220,12 @@ class JobCheckpoints:
         Raises CheckpointError on every worker when there is none or it does not fit this job."""
         state, error, path = None, None, None
         if self.comm.rank == 0:
-            path = checkpoint.latest(self.directory)
-            if path is None:
-                error = no_checkpoint(self.directory)
-            else:
-                try:
-                    state = checkpoint.load(path, expect=self.meta)
-                    if len(state.get("workers", ())) != self.comm.size:
-                        error = f"checkpoint {path} holds {len(state.get('workers', ()))} workers' state"
-                except CheckpointError as exc:
-                    error = str(exc)
+            try:
+                path, state = load_newest(self.directory, self.meta)
+                if len(state.get("workers", ())) != self.comm.size:
+                    error = f"checkpoint {path} holds {len(state.get('workers', ()))} workers' state"
+            except CheckpointError as exc:
+                error = str(exc)
         path, error = self.comm.bcast((path, error), root=0)
         if error:
             raise CheckpointError(error)
