@@ -2,7 +2,7 @@
 exception put in a few words for a one-line error."""
 import math
 import numbers
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -47,6 +47,34 @@ def all_finite_fused(tensors: Sequence[torch.Tensor], foreach: bool = True) -> b
     if bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, 2.0, foreach=foreach))):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+# torch's own kernel for GradScaler's check: one fused pass over a list of tensors (one device, one
+# dtype) that sets a flag tensor on a NaN or infinite element, with no host sync (private, but what
+# torch.amp has called since 1.6)
+_AMP_CHECK = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+DEVICE_TYPES = ("cuda",)  # where a host read is what costs; tests add "cpu"
+
+
+def nonfinite_on_device(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Whether some element of some tensor is NaN or infinite, without a host sync: a 0-dim float32
+    tensor on the tensors' device (the shape torch's optimizers take as ``found_inf``), 1.0 if so, else
+    0.0; exact (element by element, in torch's fused GradScaler kernel, scaling by 1). None where it
+    does not apply: no tensors, a sparse or non-floating tensor, tensors on several devices or not on
+    a device of ``DEVICE_TYPES``."""
+    if not tensors or _AMP_CHECK is None:
+        return None
+    device = tensors[0].device
+    groups = {}
+    for t in tensors:
+        if t.device != device or t.is_sparse or not t.is_floating_point() or device.type not in DEVICE_TYPES:
+            return None
+        groups.setdefault(t.dtype, []).append(t)
+    found = torch.zeros((), dtype=torch.float32, device=device)  # (0-dim, as GradScaler's)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    for group in groups.values():
+        _AMP_CHECK(group, found, one)
+    return found
 
 
 def brief_error(error: BaseException) -> str:

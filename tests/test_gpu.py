@@ -108,6 +108,15 @@ def test_hpsgd_window_one_equals_ssgd_two_ranks(two_ranks):
     _ok(checks(2, ["hpsgd_sync"], env=two_ranks), "GPU CHECKS OK hpsgd_sync")
 
 
+def test_ssgd_skips_a_non_finite_step_on_the_device_one_rank():
+    """Fused SGD: no host sync in a step (torch's sync debug mode), a NaN step skipped exactly."""
+    _ok(checks(1, ["ssgd_device_skip"]), "GPU CHECKS OK ssgd_device_skip")
+
+
+def test_ssgd_skips_a_non_finite_step_on_the_device_two_ranks(two_ranks):
+    _ok(checks(2, ["ssgd_device_skip"], env=two_ranks), "GPU CHECKS OK ssgd_device_skip")
+
+
 def test_hpsgd_overlap_equals_the_cpu_run(two_ranks):
     """Overlap on: the GPU run equals the CPU run of the same seeds at every step (float64)."""
     _ok(checks(2, ["hpsgd_cpu"], env=two_ranks), "GPU CHECKS OK hpsgd_cpu")

@@ -1,0 +1,120 @@
+"""ssgd's non-finite guard on the device: with an optimizer that takes torch.amp's ``found_inf`` (torch's
+fused SGD and Adam), the check is a tensor the optimizer's own kernel skips on, never read on the host.
+The device path is for GPUs; here ``checks.DEVICE_TYPES`` lets it run on CPU tensors (torch's fused
+optimizers and its GradScaler kernel run on the CPU too), against the host path on the same steps."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hvd_async import DistributedOptimizer
+from hvd_async import checks
+from hvd_async.algorithms import ssgd as ssgd_module
+from hvd_async.transport import LoopbackGroup
+from threads import run_workers
+
+STEPS, BAD_STEP = 4, 2  # step 1 goes through the host path (the optimizer's state does not exist yet)
+
+
+def _optimizer(kind, params, fused):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=fused)
+    return torch.optim.Adam(params, lr=0.01, fused=fused)
+
+
+def _train(workers, kind, fused, bad, monkeypatch):
+    """Every worker trains STEPS steps; worker ``workers - 1`` plants ``bad`` into one gradient element
+    at BAD_STEP. Returns, per worker, the weights after each step, the optimizer state after the
+    last, the skip count, and how often the host check (a read of the flag or the gradients) ran."""
+    monkeypatch.setattr(checks, "DEVICE_TYPES", ("cuda", "cpu"))
+    host_checks = []
+    real_check = ssgd_module.SSGD._reduced_grads_finite
+    monkeypatch.setattr(ssgd_module.SSGD, "_reduced_grads_finite",
+                        lambda self: host_checks.append(1) or real_check(self))
+    group = LoopbackGroup(workers)
+    torch.manual_seed(0)  # (here: the workers' threads would interleave the global generator)
+    models = [nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)) for _ in range(workers)]
+    for model in models[1:]:
+        model.load_state_dict(models[0].state_dict())
+    out = {}
+
+    def worker(rank):
+        model = models[rank]
+        step = [0]
+        if rank == workers - 1 and bad is not None:
+            def plant(p):
+                if step[0] == BAD_STEP:
+                    p.grad.view(-1)[5] = bad
+
+            model[0].weight.register_post_accumulate_grad_hook(plant)
+        opt = DistributedOptimizer(_optimizer(kind, model.parameters(), fused),
+                                   named_parameters=model.named_parameters(), algorithm="ssgd",
+                                   transport=group.transport(rank))
+        history = []
+        for step[0] in range(1, STEPS + 1):
+            g = torch.Generator().manual_seed(10 * rank + step[0])
+            x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            history.append([p.detach().clone() for p in model.parameters()])
+        state = [{k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+                 for s in opt.optimizer.state.values()]
+        out[rank] = history, state, opt.stats()["skipped_nonfinite"]
+
+    run_workers(worker, workers)
+    return out, len(host_checks)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("bad,skipped", [(float("nan"), 1), (float("inf"), 1), (1e20, 0), (None, 0)])
+def test_device_skip_equals_the_host_check(workers, kind, bad, skipped, monkeypatch):
+    """The same steps through the device path (fused optimizer) and the host path (the same optimizer
+    unfused): equal weights after every step, equal optimizer state, the same count; a non-finite
+    average leaves weights and state as they were; the host check ran only where it must."""
+    device, device_checks = _train(workers, kind, True, bad, monkeypatch)
+    host, _ = _train(workers, kind, False, bad, monkeypatch)
+    # the host check ran once per worker, at step 1 (before the optimizer had state), never after
+    assert device_checks == workers
+    for rank in range(workers):
+        d_hist, d_state, d_skipped = device[rank]
+        h_hist, h_state, h_skipped = host[rank]
+        assert d_skipped == h_skipped == skipped
+        for step, (d, h) in enumerate(zip(d_hist, h_hist), start=1):
+            for a, b in zip(d, h):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"step {step} rank {rank}")
+        if skipped:
+            assert all(torch.equal(a, b) for a, b in zip(d_hist[BAD_STEP - 1], d_hist[BAD_STEP - 2]))
+        for a, b in zip(d_state, h_state):
+            for key in a:
+                torch.testing.assert_close(torch.as_tensor(a[key]).float(), torch.as_tensor(b[key]).float(),
+                                           rtol=1e-5, atol=1e-6)
+        assert all(bool(torch.isfinite(w).all()) for w in d_hist[-1])
+
+
+def test_device_skips_are_read_every_100_steps_with_a_warning(monkeypatch, caplog):
+    """One worker, fused SGD: every step from 2 on is non-finite; the count is read (and warned of) at
+    step 100, not at each step, and the weights never move after step 1."""
+    monkeypatch.setattr(checks, "DEVICE_TYPES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
+                               named_parameters=model.named_parameters(), algorithm="ssgd",
+                               transport=LoopbackGroup(1).transport(0))
+    strategy = opt.strategy
+    x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+    for step in range(1, 101):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if step > 1:
+            model.bias.grad[0] = float("nan")
+        if step == 2:
+            after_first = [p.detach().clone() for p in model.parameters()]
+        with caplog.at_level("WARNING", logger="hvd_async.algorithms.ssgd"):
+            opt.step()
+        if step == 99:
+            assert strategy._skipped == 0 and not caplog.records  # nothing read yet
+    assert strategy._skipped == 99 and "99 step(s) up to step 100" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), after_first))
+    assert opt.stats()["skipped_nonfinite"] == 99
