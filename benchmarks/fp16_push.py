@@ -5,7 +5,10 @@ One server rank and ``--np - 1`` workers. For each size both transports are open
 same server program, the same SGD step on fp32 weights); every worker alternates blocks of fp32 and
 fp16 pushes, so drift hits both alike. Printed per size: the median push time of each and the ratio
 fp16 time / fp32 time (0.5 would be the bytes alone; the server's step and the conversions do not
-halve), with the spread of the per-block ratios. Writes JSON and a plot to benchmarks/results/.
+halve), with the spread of the per-block ratios. Beside it, the worker's check before a push (a
+strategy skips a push its gradient cannot make: fp32 ``all_finite``, fp16 ``finite_in_fp16``, which
+also refuses what rounds to infinity in fp16), timed in alternating blocks too. Writes JSON and a
+plot to benchmarks/results/.
 
     python benchmarks/fp16_push.py --mode shm      # one node, windows in shared memory
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
@@ -20,6 +23,7 @@ import time
 from common import HERE, MODES, MODES_HELP, launch_mode, parse_size, pyplot, save, spread, under_mpirun
 
 SIZES = ["1MB", "4MB", "16MB"]
+CHECK_REPS = 20  # checks per timed block
 
 
 def parse_args(argv=None):
@@ -49,6 +53,7 @@ def bench(args) -> int:
 
     import hvd_async as ha
     from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.checks import all_finite, finite_in_fp16
     from hvd_async.transport import window as W
 
     ha.init(servers=1)
@@ -77,6 +82,13 @@ def bench(args) -> int:
                 for _ in range(reps):
                     transports[wire].push(grad, out, header)
                 times[wire].append((time.perf_counter() - start) / reps)
+        checks = {"check_fp32": lambda: all_finite([grad]), "check_fp16": lambda: finite_in_fp16(grad)}
+        for block in range(args.blocks):
+            for name in sorted(checks, reverse=block % 2 == 1):
+                start = time.perf_counter()
+                for _ in range(CHECK_REPS):
+                    checks[name]()
+                times.setdefault(name, []).append((time.perf_counter() - start) / CHECK_REPS)
         workers.Barrier()
         for t in transports.values():
             t.close()
@@ -84,9 +96,12 @@ def bench(args) -> int:
         if ha.rank() == 0:
             rows.append(size_row(size, reps, everyone))
             r = rows[-1]
+            check = r["worker_check_us"]
             print(f"{_fmt(size):>6}: fp32 {r['fp32_us_median']:9.1f} us  fp16 "
                   f"{r['fp16_us_median']:9.1f} us  fp16/fp32 {r['ratio_median']:.3f} "
-                  f"(blocks {r['ratio']['min']:.3f}..{r['ratio']['max']:.3f})", flush=True)
+                  f"(blocks {r['ratio']['min']:.3f}..{r['ratio']['max']:.3f});  worker's check fp32 "
+                  f"{check['fp32 all_finite']['median']:.0f} us, fp16 {check['fp16 finite_in_fp16']['median']:.0f} us "
+                  f"({r['check_fp16_over_push_fp16']:.1%} of an fp16 push)", flush=True)
     if ha.rank() == 0:
         summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
                    "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "rows": rows}
@@ -99,9 +114,13 @@ def size_row(size: int, reps: int, everyone) -> dict:
     fp32 = [t for times in everyone for t in times["fp32"]]
     fp16 = [t for times in everyone for t in times["fp16"]]
     ratios = [b / a for times in everyone for a, b in zip(times["fp32"], times["fp16"])]
+    checks = {name: [1e6 * t for times in everyone for t in times[name]] for name in ("check_fp32", "check_fp16")}
     return {"bytes_fp32": size, "bytes_fp16": size // 2, "pushes_per_block": reps,
             "fp32_us_median": 1e6 * statistics.median(fp32), "fp16_us_median": 1e6 * statistics.median(fp16),
-            "ratio_median": statistics.median(ratios), "ratio": spread(ratios)}
+            "ratio_median": statistics.median(ratios), "ratio": spread(ratios),
+            "worker_check_us": {"fp32 all_finite": spread(checks["check_fp32"]),
+                                "fp16 finite_in_fp16": spread(checks["check_fp16"])},
+            "check_fp16_over_push_fp16": statistics.median(checks["check_fp16"]) / (1e6 * statistics.median(fp16))}
 
 
 def _fmt(size: int) -> str:

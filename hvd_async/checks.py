@@ -39,6 +39,21 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+FP16_OVERFLOW = 65520.0  # the smallest magnitude fp16 rounds to infinity (65504 is its largest finite)
+
+
+def finite_in_fp16(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` stays finite when rounded to fp16: no NaN, nothing at or beyond
+    ±65520. A screen first, as cheap as :func:`all_finite`'s sum: a sum of squares below 65520²
+    proves it (a sum of non-negative terms never falls below its largest, rounding included; NaN
+    fails the comparison). Otherwise the exact min/max decides (NaN propagates into both)."""
+    flat = t.reshape(-1)
+    if float(torch.dot(flat, flat)) < FP16_OVERFLOW ** 2:
+        return True
+    lo, hi = torch.aminmax(flat)
+    return bool((lo > -FP16_OVERFLOW) & (hi < FP16_OVERFLOW))
+
+
 def all_finite_fused(tensors: Sequence[torch.Tensor], foreach: bool = True) -> bool:
     """:func:`all_finite` for GPU tensors, where launches and host syncs are what cost: one norm over
     all the tensors (torch's fused foreach kernels), then one read. A finite norm proves every element

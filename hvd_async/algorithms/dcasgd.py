@@ -102,8 +102,8 @@ class DCASGD(MailboxStrategy):
         ms_momentum: decay of that mean square (default 0.95).
         compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
             weights in half precision, half the bytes; the servers keep and update fp32 weights.
-            A gradient element beyond fp16's range (65504) arrives as infinity and the push is
-            skipped, as any non-finite one.
+            A gradient element beyond fp16's range (65504) rounds to infinity (from 65520), and the worker
+            skips the whole push, as any non-finite one (no shard applies a part of it).
         push_rate: ``'average'`` (default: the server applies ``lr / workers`` per push, so a round
             of pushes makes one ssgd step, as asgd's) or ``'full'`` (``lr`` per push).
         lookahead: answer each push with ``w - lr * momentum * sum_k buf_k`` (DANA's look-ahead, Hakimi

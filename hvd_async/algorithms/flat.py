@@ -5,7 +5,7 @@ from typing import List, Optional
 
 import torch
 
-from ..checks import all_finite
+from ..checks import all_finite, finite_in_fp16
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,12 @@ class FlatModel:
 
 
 
-def finite_grads(strategy, model: "FlatModel", skipped: str) -> Optional[torch.Tensor]:
+def finite_grads(strategy, model: "FlatModel", skipped: str, fp16: bool = False) -> Optional[torch.Tensor]:
     """The model's gradients as one flat tensor, or None (counted in ``strategy.skipped_nonfinite``
-    and logged, ``skipped`` saying what is not done) when one holds NaN or infinity."""
+    and logged, ``skipped`` saying what is not done) when one holds NaN or infinity; with ``fp16``
+    (the gradient goes on the wire in fp16), also when one would round to infinity there."""
     grad = model.gather_grads()
-    if all_finite([grad]):
+    if finite_in_fp16(grad) if fp16 else all_finite([grad]):
         return grad
     strategy.skipped_nonfinite += 1
     if strategy.skipped_nonfinite == 1 or strategy.skipped_nonfinite % 100 == 0:

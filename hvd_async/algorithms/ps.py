@@ -239,7 +239,7 @@ class PSStrategy(Strategy):
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
-        return finite_grads(self, self.model, "not pushed")
+        return finite_grads(self, self.model, "not pushed", fp16=self.transport.spec.wire == "fp16")
 
     def _record(self, staleness) -> None:
         for k, s in enumerate(staleness):

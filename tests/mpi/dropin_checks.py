@@ -281,6 +281,31 @@ def fp16_through_the_windows():
         check(0 < diff < 5e-3, f"{algorithm}: fp16 run differs from fp32 by {diff:.2e}")
 
 
+def fp16_overflow_skips_the_whole_push():
+    """compression=fp16: a gradient element finite in fp32 but beyond fp16's range (1e5, in the last
+    shard's part) skips the worker's whole push, as a non-finite one: no shard applies any of it."""
+    if not ha.num_servers():
+        return
+    for algorithm in ("dc-asgd", "softsync", "lc-asgd"):
+        model = model_for(5)
+        opt = build(algorithm, model, compression="fp16")
+        opt.load_global_model()
+        before = flat(model).clone()
+        if ha.rank() == 0:
+            x, y = batch(7)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            list(model.parameters())[-1].grad[0] = 1e5
+            opt.step(loss=loss.detach())
+            check(opt.strategy.skipped_nonfinite == 1, f"{algorithm}: {opt.strategy.skipped_nonfinite} pushes skipped")
+        ha.worker_comm().Barrier()
+        opt.load_global_model()
+        moved = float((flat(model) - before).abs().max())
+        check(moved == 0.0, f"{algorithm}: a push that overflows fp16 moved the global weights by {moved:.2e}")
+        opt.close()
+
+
 def sparse_embeddings():
     """nn.Embedding(sparse=True): ssgd as Horovod (sparse allreduce; or sparse_as_dense), asgd with
     SGD (values) and with SparseAdam (the user's optimizer on the sparse gradient)."""
@@ -381,7 +406,8 @@ def lr_annealed_to_zero():
 
 
 CHECKS = {f.__name__: f for f in (broadcast, rank0_load, clipping_and_accumulation, step_after_synchronize_warns,
-                                  options, fp16_through_the_windows, sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero)}
+                                  options, fp16_through_the_windows, fp16_overflow_skips_the_whole_push,
+                                  sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero)}
 
 if __name__ == "__main__":
     main(CHECKS, sys.argv[1:], "DROPIN CHECKS OK")

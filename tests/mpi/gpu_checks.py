@@ -312,6 +312,7 @@ def ssgd_device_skip():
     model = _mlp(dev)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True),
                                   named_parameters=model.named_parameters(), algorithm="ssgd")
+
     def plant(p):  # in step 5's backward (before the allreduce hook reads the gradient)
         if opt.strategy.steps == 4:
             p.grad.view(-1)[3] = float("nan")

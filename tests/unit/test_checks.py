@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hvd_async.algorithms.ssgd import device_flag
-from hvd_async.checks import all_finite, all_finite_fused
+from hvd_async.checks import all_finite, all_finite_fused, finite_in_fp16
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -30,6 +30,23 @@ def test_large_finite_values_whose_sum_overflows_are_finite():
 
 def test_nothing_to_check_is_finite():
     assert all_finite([])
+
+
+@pytest.mark.parametrize("value,fits", [(65504.0, True), (65519.0, True), (65520.0, False), (1e5, False),
+                                        (-65519.0, True), (-65520.0, False), (float("nan"), False),
+                                        (float("inf"), False), (float("-inf"), False), (-3.5, True)])
+def test_finite_in_fp16_is_exactly_what_rounds_to_a_finite_half(value, fits):
+    grad = torch.linspace(-2.0, 2.0, 1000)
+    grad[617] = value
+    assert bool(torch.isfinite(grad.half()).all()) == fits  # what the wire would carry
+    assert finite_in_fp16(grad) == fits
+
+
+def test_finite_in_fp16_passes_large_values_whose_squares_trip_the_screen():
+    grad = torch.full((1000,), 30000.0)  # the sum of squares is far above 65520², every element fits
+    assert finite_in_fp16(grad)
+    grad[999] = 70000.0
+    assert not finite_in_fp16(grad)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
