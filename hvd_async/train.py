@@ -90,6 +90,16 @@ class _JobHost(Host):
         return super().finish(loop)
 
 
+def job_sgd(args, params, device):
+    """The job's SGD. ssgd on CUDA gets torch's fused kernel (``fused=True``), which skips a
+    non-finite step itself, so ssgd's guard reads nothing on the host (docs/reliability.md; the
+    guide's "Running on a cluster" has the H100 figures); elsewhere the plain one."""
+    import torch
+
+    fused = {"fused": True} if device.type == "cuda" and args.algo == "ssgd" else {}
+    return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, **fused)
+
+
 def _build(args) -> WorkerLoop:
     """What a worker builds: the data (read on worker 0, broadcast), the model (broadcast), the wrapped
     optimizer, the metrics and checkpoints; then the loop (which resumes from ``--resume``)."""
@@ -110,9 +120,8 @@ def _build(args) -> WorkerLoop:
     device = _device(args.device, ha)
     model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = ha.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay),
-        named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
+    opt = ha.DistributedOptimizer(job_sgd(args, model.parameters(), device),
+                                  named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
     opt.begin()  # parameters were broadcast above: start the exchange now, not at step 1
     host = _JobHost(args, comm, rank)
     metrics = RunMetrics({
