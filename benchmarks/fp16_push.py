@@ -13,6 +13,9 @@ plot to benchmarks/results/.
     python benchmarks/fp16_push.py --mode shm      # one node, windows in shared memory
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/fp16_push.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster: bytes cost
+
+``--poll-us`` / ``--spin-ms`` set the server's progress policy (``ha.serve``'s ``poll_interval`` and
+``spin_seconds``); the default is ``ha.serve()``'s own.
 """
 import argparse
 import os
@@ -34,6 +37,10 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated fp32 buffer sizes")
     p.add_argument("--blocks", type=int, default=8, help="alternating blocks (fp32, fp16) per size")
     p.add_argument("--seconds", type=float, default=0.3, help="target time of one block")
+    p.add_argument("--poll-us", type=float, default=None,
+                   help="the server's sleep per idle turn, microseconds (default: ha.serve()'s)")
+    p.add_argument("--spin-ms", type=float, default=None,
+                   help="how long the server turns without sleeping after a request, ms (default: ha.serve()'s)")
     p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
     args = p.parse_args(argv)
     try:
@@ -58,7 +65,9 @@ def bench(args) -> int:
 
     ha.init(servers=1)
     if ha.is_server():
-        ha.serve()
+        policy = {"poll_interval": None if args.poll_us is None else args.poll_us * 1e-6,
+                  "spin_seconds": None if args.spin_ms is None else args.spin_ms * 1e-3}
+        ha.serve(**{k: v for k, v in policy.items() if v is not None})
         return 0
     workers = ha.worker_comm()
     header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
@@ -104,7 +113,8 @@ def bench(args) -> int:
                   f"({r['check_fp16_over_push_fp16']:.1%} of an fp16 push)", flush=True)
     if ha.rank() == 0:
         summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
-                   "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "rows": rows}
+                   "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "server_poll_us": args.poll_us,
+                   "server_spin_ms": args.spin_ms, "rows": rows}
         save(summary, args.out, plot)
     return 0
 
