@@ -120,8 +120,8 @@ def _build(args) -> WorkerLoop:
     device = _device(args.device, ha)
     model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = ha.DistributedOptimizer(job_sgd(args, model.parameters(), device),
-                                  named_parameters=model.named_parameters(), algorithm=args.algo, **algorithm_options(args))
+    opt = ha.DistributedOptimizer(job_sgd(args, model.parameters(), device), named_parameters=model.named_parameters(),
+                                  algorithm=args.algo, **algorithm_options(args))
     opt.begin()  # parameters were broadcast above: start the exchange now, not at step 1
     host = _JobHost(args, comm, rank)
     metrics = RunMetrics({
