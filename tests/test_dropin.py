@@ -9,7 +9,8 @@ import pytest
 from procs import mpirun, python
 
 CHECKS = ("DROPIN CHECKS OK broadcast rank0_load clipping_and_accumulation step_after_synchronize_warns "
-          "options fp16_through_the_windows fp16_overflow_skips_the_whole_push sparse_embeddings names_and_requires_grad lr_annealed_to_zero")
+          "options fp16_through_the_windows fp16_overflow_skips_the_whole_push sparse_embeddings "
+          "names_and_requires_grad lr_annealed_to_zero")
 
 
 @pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (5, 2, True), (2, 0, False)])
