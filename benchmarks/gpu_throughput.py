@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--fused", action="store_true",
                    help="throughput: torch's fused SGD (fused=True) in both runs, whose kernel skips a "
                         "non-finite step itself, so ssgd's guard reads nothing on the host")
+    p.add_argument("--host-check", action="store_true",
+                   help="throughput, unfused SGD: ssgd reads its check on the host before each step "
+                        "(undo_on_device=False) instead of undoing a non-finite step on the device")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
     p.add_argument("--repeats", type=int, default=6, help="throughput: timed pairs; overlap: pairs; staging: runs")
@@ -179,7 +182,8 @@ def timed_run(kind, args, torch, hvd, ha, device) -> float:
     if kind == "plain":
         opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     else:
-        opt = ha.DistributedOptimizer(base, named_parameters=model.named_parameters(), algorithm="ssgd")
+        opt = ha.DistributedOptimizer(base, named_parameters=model.named_parameters(), algorithm="ssgd",
+                                      undo_on_device=not args.host_check)
 
     def step():
         opt.zero_grad()
@@ -201,6 +205,13 @@ def timed_run(kind, args, torch, hvd, ha, device) -> float:
     return args.steps * args.batch_size * hvd.size() / seconds
 
 
+def guard_name(args) -> str:
+    """How ssgd's non-finite guard runs in this benchmark's ``ours`` runs."""
+    if args.fused:
+        return "found_inf (the fused optimizer skips on the device flag)"
+    return "host read" if args.host_check else "undone on the device (StepUndo)"
+
+
 def throughput(args) -> dict:
     torch, hvd, ha, device = start(args)
     rows = []
@@ -215,7 +226,7 @@ def throughput(args) -> dict:
     summary = {"benchmark": "gpu_throughput", "device": str(device), "workers": hvd.size(), "model": args.model,
                "image_size": args.image_size, "batch_size": args.batch_size, "steps": args.steps,
                "optimizer": "SGD(momentum=0.9, fused=True)" if args.fused else "SGD(momentum=0.9)",
-               "warmup": args.warmup, "repeats": args.repeats,
+               "nonfinite_check": guard_name(args), "warmup": args.warmup, "repeats": args.repeats,
                "ratio_median": ratio["median"], "ratio_q1": ratio["q1"], "ratio_q3": ratio["q3"],
                "ratio_min": ratio["min"], "ratio_max": ratio["max"], "target": 0.98,
                "ours_samples_per_second_median": statistics.median(r["ours"] for r in rows),
@@ -223,7 +234,7 @@ def throughput(args) -> dict:
     if hvd.rank() == 0:
         print(f"throughput ratio ours/plain: median {ratio['median']:.4f} (IQR {ratio['q1']:.4f}..{ratio['q3']:.4f}, "
               f"min {ratio['min']:.4f}, max {ratio['max']:.4f}) over {len(rows)} pairs at {hvd.size()} worker(s) "
-              f"on {device}, {summary['optimizer']}; target >= 0.98", flush=True)
+              f"on {device}, {summary['optimizer']}, check {summary['nonfinite_check']}; target >= 0.98", flush=True)
     return summary
 
 

@@ -19,6 +19,7 @@ from ..checks import all_finite, is_int_at_least, nonfinite_on_device
 from ..options import option
 from ..transport.base import ReduceOp
 from .base import Strategy
+from .step_undo import StepUndo
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +55,15 @@ class SSGDOptions:
     sparse_as_dense: bool = option(False, "Horovod's: densify sparse gradients (else a sparse allreduce)")
     num_groups: int = option(0, "Horovod's fusion groups: accepted (Horovod's fusion buffer batches anyway)")
     groups: Any = option(None, "Horovod's explicit fusion groups: accepted, as num_groups")
+    undo_on_device: bool = option(True, "GPU, optimizer without found_inf: skip a non-finite step by undoing "
+                                  "it on the device (a copy of parameters and state); False: host read")
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
         if not is_int_at_least(bpps, 1):
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {bpps!r}")
+        if not isinstance(self.undo_on_device, bool):
+            raise ValueError(f"undo_on_device must be True or False, got {self.undo_on_device!r}")
         self.compression = _compression(self.compression)
         self.op = ReduceOp.parse(self.op)
 
@@ -74,6 +79,10 @@ class SSGD(Strategy):
         sparse_as_dense: densify sparse gradients before the allreduce; without it a sparse
             gradient is reduced by Horovod's sparse allreduce (an allgather), as Horovod does.
         num_groups, groups: Horovod's fusion groups; accepted, with no effect on the result.
+        undo_on_device: with gradients on a GPU and an optimizer that cannot skip on a device flag
+            (torch's unfused SGD), a step whose averaged gradient is not finite is undone on the device
+            from a copy of the parameters and their state (default True: no host read, one copy in GPU
+            memory); False reads the check on the host before the step.
     """
 
     name = "ssgd"
@@ -95,14 +104,16 @@ class SSGD(Strategy):
             or self.options.gradient_predivide_factor != 1.0  # (fp16 or scaling can overflow)
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
-        # With an optimizer that takes torch.amp's found_inf (torch's fused SGD, Adam, AdamW) and
-        # gradients on the GPU, the check stays on the device: the optimizer's kernel skips the step
-        # itself, so nothing waits for the GPU (resnet50 on an H100, one worker: 0.996 of Horovod with
-        # fused SGD, 0.944 with the host read; benchmarks/results/device/). Skips are counted there
-        # too, and read every 100 steps and by stats().
+        # With gradients on the GPU the check stays on the device, so nothing waits for the GPU
+        # (resnet50 on an H100, one worker: 0.996 of Horovod with fused SGD, 0.944 with the host read;
+        # benchmarks/results/device/): an optimizer that takes torch.amp's found_inf (torch's fused SGD,
+        # Adam, AdamW) skips the step in its own kernel; another has its step undone on the device
+        # (StepUndo; undo_on_device=False reads the check instead). Skips are counted there too, and
+        # read every 100 steps and by stats().
         self._skipped = 0
         self._skipped_on_device = None  # a 0-dim tensor of skips not yet read, or None
         self._device_skip_ready = False  # after one step through the optimizer (its state exists)
+        self._undo, self._undo_plan = StepUndo(), None
 
     def _allreduce_async(self, p):
         name, op, factor = f"ssgd.{self._names[p]}", self.options.op, self.options.gradient_predivide_factor
@@ -200,27 +211,41 @@ class SSGD(Strategy):
 
     def _found_on_device(self):
         """The exact check of the averaged gradients as a tensor on their GPU (no host read), where the
-        wrapped optimizer can skip its own step on it; else None (the check is read on the host)."""
+        step can be skipped on it there (see ``_step_skipping_on_device``); else None (read on the host)."""
         opt = self.optimizer
-        if not (self._device_skip_ready and getattr(opt, "_step_supports_amp_scaling", False)) \
+        amp = getattr(opt, "_step_supports_amp_scaling", False)
+        if not (self._device_skip_ready and (amp or self.options.undo_on_device)) \
                 or getattr(opt, "found_inf", None) is not None or getattr(opt, "grad_scale", None) is not None:
             return None
         found = nonfinite_on_device([p.grad for _, p in self.named_parameters if p.grad is not None])
-        if found is not None and self._flag is not None:
+        if found is None:
+            return None
+        self._undo_plan = None
+        if not amp:
+            self._undo_plan = self._undo.plan(opt, found.device)
+            if self._undo_plan is None:
+                return None
+        if self._flag is not None:
             handle, _ = self._flag  # drained, not read: the exact check decides
             self._flag = None
             self.transport.synchronize(handle)
         return found
 
     def _step_skipping_on_device(self, found: torch.Tensor):
-        """The wrapped optimizer's step, which its own kernel skips where ``found`` is 1 (torch.amp's
-        found_inf; grad_scale None: nothing to unscale)."""
+        """The wrapped optimizer's step, skipped where ``found`` is 1 with no host read: by its own kernel
+        where it takes torch.amp's found_inf (grad_scale None: nothing to unscale), else undone after it
+        on the device (``StepUndo``)."""
         opt = self.optimizer
-        opt.found_inf, opt.grad_scale = found, None
-        try:
+        if self._undo_plan is not None:
             result = opt.step()
-        finally:
-            del opt.found_inf, opt.grad_scale
+            self._undo.undo(opt, self._undo_plan, found)
+            self._undo_plan = None
+        else:
+            opt.found_inf, opt.grad_scale = found, None
+            try:
+                result = opt.step()
+            finally:
+                del opt.found_inf, opt.grad_scale
         if self._skipped_on_device is None:
             self._skipped_on_device = found
         else:

@@ -15,8 +15,8 @@ that two ranks may share the one GPU (benchmarks/gpu_throughput.py says why).
   large tensor on the GPU, overlap on and off: a missing wait between the streams shows here.
 - ``hpsgd_hidden``: resnet50 on synthetic images: the time hpsgd's exchange blocks a step is at most
   ``HIDDEN_TARGET`` (10%) of the exchange's own time (benchmarks/gpu_throughput.py's overlap part).
-- ``ssgd_device_skip``: ssgd with torch's fused SGD on the GPU takes no host sync in its steps (torch's
-  sync debug mode set to error) and skips a step whose averaged gradient holds NaN, exactly.
+- ``ssgd_device_skip``: ssgd with torch's SGD on the GPU, fused and unfused, takes no host sync in its
+  steps (torch's sync debug mode set to error) and skips a step whose averaged gradient holds NaN, exactly.
 - ``ps_parity`` (SERVERS=1): asgd, dc-asgd and od-sgd (both exchanges) with the model on the GPU equal
   the CPU run of the same pushes exactly (integer gradients, lr 1).
 """
@@ -302,15 +302,22 @@ def ps_parity():
 # --- ssgd's non-finite guard on the device ---------------------------------------------------------------
 
 def ssgd_device_skip():
-    """Fused SGD with momentum, 8 steps; worker 0 plants a NaN at step 5. From step 2 on (the
-    optimizer's state exists) no step may sync with the host; step 5 leaves weights and momentum as
-    they were, on every worker; every other step moves them; the count reads 1."""
+    """SGD with momentum, fused (its kernel skips on found_inf) and unfused (the step undone on the
+    device), 8 steps each; worker 0 plants a NaN at step 5. From step 2 on (the optimizer's state
+    exists) no step may sync with the host; step 5 leaves weights and momentum as they were, on every
+    worker; every other step moves them; the count reads 1."""
     dev = device()
     if dev.type != "cuda":
         result({"check": "ssgd_device_skip", "skipped": "no CUDA device"})
         return
+    for fused in (True, False):
+        _device_skip(dev, fused)
+
+
+def _device_skip(dev, fused: bool) -> None:
+    kind = "fused" if fused else "unfused"
     model = _mlp(dev)
-    opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True),
+    opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused),
                                   named_parameters=model.named_parameters(), algorithm="ssgd")
 
     def plant(p):  # in step 5's backward (before the allreduce hook reads the gradient)
@@ -334,13 +341,14 @@ def ssgd_device_skip():
     for step in range(2, 9):
         (before, m_before), (after, m_after) = history[step - 2], history[step - 1]
         still = all(torch.equal(a, b) for a, b in zip(before + m_before, after + m_after))
-        check(still == (step == 5), f"step {step}: weights and momentum {'unchanged' if still else 'moved'}")
+        check(still == (step == 5), f"{kind} step {step}: weights and momentum {'unchanged' if still else 'moved'}")
     skipped = opt.stats()["skipped_nonfinite"]
-    check(skipped == 1, f"skipped_nonfinite {skipped}, expected 1")
-    check(all(bool(torch.isfinite(w).all()) for w in history[-1][0]), "non-finite weights")
-    check(_all_workers_equal(history[-1][0]), "workers hold different weights")
+    check(skipped == 1, f"{kind}: skipped_nonfinite {skipped}, expected 1")
+    check(all(bool(torch.isfinite(w).all()) for w in history[-1][0]), f"{kind}: non-finite weights")
+    check(_all_workers_equal(history[-1][0]), f"{kind}: workers hold different weights")
     opt.close()
-    result({"check": "ssgd_device_skip", "workers": ha.size(), "device": str(dev), "skipped": skipped})
+    result({"check": "ssgd_device_skip", "optimizer": kind, "workers": ha.size(), "device": str(dev),
+            "skipped": skipped})
 
 
 CHECKS = {f.__name__: f for f in (probe, hpsgd_sync, hpsgd_cpu, hpsgd_table, hpsgd_hidden, ssgd_device_skip,

@@ -1,7 +1,8 @@
-"""ssgd's non-finite guard on the device: with an optimizer that takes torch.amp's ``found_inf`` (torch's
-fused SGD and Adam), the check is a tensor the optimizer's own kernel skips on, never read on the host.
-The device path is for GPUs; here ``checks.DEVICE_TYPES`` lets it run on CPU tensors (torch's fused
-optimizers and its GradScaler kernel run on the CPU too), against the host path on the same steps."""
+"""ssgd's non-finite guard on the device: the check is a tensor never read on the host. An optimizer that
+takes torch.amp's ``found_inf`` (torch's fused SGD and Adam) skips on it in its own kernel; another
+(unfused) has its step undone on the device (``StepUndo``). The device path is for GPUs; here
+``checks.DEVICE_TYPES`` lets it run on CPU tensors (torch's fused optimizers and its GradScaler kernel run
+on the CPU too), against the host path (the same optimizer unfused, ``undo_on_device=False``)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -19,10 +20,15 @@ STEPS, BAD_STEP = 4, 2  # step 1 goes through the host path (the optimizer's sta
 def _optimizer(kind, params, fused):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=fused)
+    if kind == "sgd-nesterov-wd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, fused=fused)
+    if kind == "sgd-plain":  # no momentum: no optimizer state at all
+        return torch.optim.SGD(params, lr=0.1, fused=fused)
     return torch.optim.Adam(params, lr=0.01, fused=fused)
 
 
-def _train(workers, kind, fused, bad, monkeypatch):
+def _train(workers, kind, path, bad, monkeypatch):
+    """``path``: 'fused' (found_inf), 'undo' (unfused, undone on the device) or 'host' (unfused, read)."""
     """Every worker trains STEPS steps; worker ``workers - 1`` plants ``bad`` into one gradient element
     at BAD_STEP. Returns, per worker, the weights after each step, the optimizer state after the
     last, the skip count, and how often the host check (a read of the flag or the gradients) ran."""
@@ -47,9 +53,9 @@ def _train(workers, kind, fused, bad, monkeypatch):
                     p.grad.view(-1)[5] = bad
 
             model[0].weight.register_post_accumulate_grad_hook(plant)
-        opt = DistributedOptimizer(_optimizer(kind, model.parameters(), fused),
+        opt = DistributedOptimizer(_optimizer(kind, model.parameters(), path == "fused"),
                                    named_parameters=model.named_parameters(), algorithm="ssgd",
-                                   transport=group.transport(rank))
+                                   transport=group.transport(rank), undo_on_device=path != "host")
         history = []
         for step[0] in range(1, STEPS + 1):
             g = torch.Generator().manual_seed(10 * rank + step[0])
@@ -67,29 +73,32 @@ def _train(workers, kind, fused, bad, monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("path,kind", [("fused", "sgd"), ("fused", "adam"), ("undo", "sgd"), ("undo", "adam"),
+                                       ("undo", "sgd-nesterov-wd"), ("undo", "sgd-plain")])
 @pytest.mark.parametrize("bad,skipped", [(float("nan"), 1), (float("inf"), 1), (1e20, 0), (None, 0)])
-def test_device_skip_equals_the_host_check(workers, kind, bad, skipped, monkeypatch):
-    """The same steps through the device path (fused optimizer) and the host path (the same optimizer
-    unfused): equal weights after every step, equal optimizer state, the same count; a non-finite
-    average leaves weights and state as they were; the host check ran only where it must."""
-    device, device_checks = _train(workers, kind, True, bad, monkeypatch)
-    host, _ = _train(workers, kind, False, bad, monkeypatch)
+def test_device_skip_equals_the_host_check(workers, path, kind, bad, skipped, monkeypatch):
+    """The same steps through a device path and the host path (the same optimizer unfused, the check
+    read): equal weights after every step (bit for bit where the optimizer is the same), equal
+    optimizer state, the same count; a non-finite average leaves weights and state as they were; the
+    host check ran only where it must."""
+    device, device_checks = _train(workers, kind, path, bad, monkeypatch)
+    host, _ = _train(workers, kind, "host", bad, monkeypatch)
     # the host check ran once per worker, at step 1 (before the optimizer had state), never after
     assert device_checks == workers
+    tolerance = dict(rtol=1e-5, atol=1e-6) if path == "fused" else dict(rtol=0, atol=0)
     for rank in range(workers):
         d_hist, d_state, d_skipped = device[rank]
         h_hist, h_state, h_skipped = host[rank]
         assert d_skipped == h_skipped == skipped
         for step, (d, h) in enumerate(zip(d_hist, h_hist), start=1):
             for a, b in zip(d, h):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"step {step} rank {rank}")
+                torch.testing.assert_close(a, b, **tolerance, msg=f"step {step} rank {rank}")
         if skipped:
             assert all(torch.equal(a, b) for a, b in zip(d_hist[BAD_STEP - 1], d_hist[BAD_STEP - 2]))
         for a, b in zip(d_state, h_state):
             for key in a:
                 torch.testing.assert_close(torch.as_tensor(a[key]).float(), torch.as_tensor(b[key]).float(),
-                                           rtol=1e-5, atol=1e-6)
+                                           **tolerance)
         assert all(bool(torch.isfinite(w).all()) for w in d_hist[-1])
 
 
@@ -118,3 +127,51 @@ def test_device_skips_are_read_every_100_steps_with_a_warning(monkeypatch, caplo
     assert strategy._skipped == 99 and "99 step(s) up to step 100" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), after_first))
     assert opt.stats()["skipped_nonfinite"] == 99
+
+
+@pytest.mark.parametrize("found", [1.0, 0.0])
+def test_undo_takes_back_state_the_step_created(found):
+    """A parameter whose first gradient comes after the optimizer has state for the others: the step
+    creates its momentum; undone, the parameter and its (absent) state are as before, the others'
+    weights and momentum too; kept, the step stands, bit for bit as without the undo."""
+    from hvd_async.algorithms.step_undo import StepUndo
+
+    def setup():
+        torch.manual_seed(0)
+        a, b = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(2))
+        opt = torch.optim.SGD([a, b], lr=0.1, momentum=0.9)
+        a.grad = torch.ones(3)
+        opt.step()  # a has momentum, b (no gradient yet) has none
+        a.grad, b.grad = torch.full((3,), 2.0), torch.tensor([float("nan") if found else 0.5, 1.0])
+        return a, b, opt
+
+    a, b, opt = setup()
+    before = [a.detach().clone(), b.detach().clone(), opt.state[a]["momentum_buffer"].clone()]
+    undo = StepUndo()
+    plan = undo.plan(opt, a.device)
+    opt.step()
+    assert "momentum_buffer" in opt.state[b]
+    undo.undo(opt, plan, torch.tensor(found))
+    if found:
+        assert "momentum_buffer" not in opt.state.get(b, {})
+        assert all(torch.equal(x, y) for x, y in zip(before, [a, b, opt.state[a]["momentum_buffer"]]))
+    else:
+        ra, rb, ropt = setup()
+        ropt.step()
+        assert torch.equal(a, ra) and torch.equal(b, rb)
+        assert torch.equal(opt.state[b]["momentum_buffer"], ropt.state[rb]["momentum_buffer"])
+
+
+def test_undo_declines_state_off_the_device_and_numbers():
+    """plan() returns None (the caller reads the flag on the host) where a state tensor is on another
+    device than the gradients or the state holds a number; it plans where the state is all tensors."""
+    from hvd_async.algorithms.step_undo import StepUndo
+
+    p = nn.Parameter(torch.randn(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    opt.step()
+    assert StepUndo().plan(opt, torch.device("cpu")) is not None
+    assert StepUndo().plan(opt, torch.device("meta")) is None  # (the parameter is elsewhere)
+    opt.state[p]["count"] = 3
+    assert StepUndo().plan(opt, torch.device("cpu")) is None
