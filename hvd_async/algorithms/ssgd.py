@@ -222,7 +222,7 @@ class SSGD(Strategy):
             return None
         self._undo_plan = None
         if not amp:
-            self._undo_plan = self._undo.plan(opt, found.device)
+            self._undo_plan = self._undo.plan(opt, found)
             if self._undo_plan is None:
                 return None
         if self._flag is not None:

@@ -2,11 +2,12 @@
 ``found_inf`` (torch's unfused SGD, or Adam with ``capturable=True``): the step runs, and what it changed
 is set back where the flag is set.
 
-Before the step, the parameters it may change (those with a gradient) and their optimizer state are
-copied on the device; after it, each takes ``x * (1 - found) + copy * found``, computed on the bit
-patterns (integer views), so a NaN or infinity the step wrote leaves no trace and a kept step is kept
-bit for bit. Both run as multi-tensor launches (a few per dtype), never a host read, at the cost of one
-copy of the parameters and their state in device memory, kept between steps.
+Before the step (the flag is known by then) the parameters it may change (those with a gradient) and
+their optimizer state are copied, times the flag: their values where it is set, zeros where it is not.
+After it, each takes ``x * (1 - found) + copy``. Both are computed on the bit patterns (integer views), so
+a NaN or infinity the step wrote leaves no trace and a kept step is kept bit for bit. They run as
+multi-tensor launches (a few per dtype), never a host read; the copy lives for the step only. The cost is
+memory traffic: about seven passes over the parameters and their state per step.
 
 Where the device cannot undo the step alone (a state tensor elsewhere, a number in the state, or a
 parameter whose state the step creates or replaces) it says so: ``plan()`` returns None before the step
@@ -20,21 +21,24 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Plan:
-    """One step's tensors to copy and, per parameter, its state's entries as they were."""
+    """One step's copies (per integer view dtype: 1 - flag, and the copies times the flag) and, per
+    parameter, its state's entries as they were."""
 
-    def __init__(self, targets: List[torch.Tensor], entries: Dict[torch.Tensor, dict]):
-        self.targets, self.entries = targets, entries
+    def __init__(self, kept: dict, entries: Dict[torch.Tensor, dict]):
+        self.kept, self.entries = kept, entries
 
 
 class StepUndo:
-    """The copies kept between steps (one per tensor a step may change), and the undo."""
+    """The undo, with the integer views of the last step's tensors (made again when they change)."""
 
     def __init__(self):
-        self._copies: Dict[int, tuple] = {}  # id(tensor) -> (tensor, its copy)
+        self._key = None  # ((id, data_ptr) of each tensor the last plan covered)
+        self._views: Dict[torch.dtype, List[torch.Tensor]] = {}
 
-    def plan(self, optimizer, device: torch.device) -> Optional[Plan]:
-        """What the step may change, copied now; None where the device cannot undo it alone."""
-        targets, entries = [], {}
+    def plan(self, optimizer, found: torch.Tensor) -> Optional[Plan]:
+        """Copy what the step may change, times ``found`` (0-dim, 0.0 or 1.0, on the device the step runs
+        on); None where the device cannot undo it alone."""
+        device, targets, entries = found.device, [], {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -46,32 +50,26 @@ class StepUndo:
                 targets.append(p)
                 targets.extend(values)
                 entries[p] = dict(state)
-        copies = {}
-        for t in targets:
-            kept = self._copies.get(id(t))
-            if kept is None or kept[0] is not t:
-                kept = (t, torch.empty_like(t))
-            copies[id(t)] = kept
-        self._copies = copies  # (copies of tensors no longer stepped are let go)
+        key = tuple((id(t), t.data_ptr()) for t in targets)
+        if key != self._key:
+            self._views = {}
+            for t in targets:
+                bits = _BITS[t.element_size()]
+                self._views.setdefault(bits, []).append(t.detach().view(bits))
+            self._key = key
+        flag, kept = found.reshape(()), {}
         with torch.no_grad():
-            torch._foreach_copy_([copies[id(t)][1] for t in targets], targets)
-        return Plan(targets, entries)
+            for bits, views in self._views.items():
+                taken = flag.to(bits)
+                kept[bits] = (1 - taken, torch._foreach_mul(views, taken))
+        return Plan(kept, entries)
 
     def undo(self, optimizer, plan: Plan, found: torch.Tensor) -> None:
-        """Set every planned tensor back to its copy where ``found`` (0-dim, 0.0 or 1.0) is 1."""
-        groups = {}
-        for t in plan.targets:
-            view = _BITS[t.element_size()]
-            tensors, copies = groups.setdefault(view, ([], []))
-            tensors.append(t.detach().view(view))
-            copies.append(self._copies[id(t)][1].view(view))
-        flag = found.reshape(())
+        """After the step: every planned tensor back to its copy where ``found`` is 1, as it is where 0."""
         with torch.no_grad():
-            for view, (tensors, copies) in groups.items():
-                taken = flag.to(view)
-                torch._foreach_mul_(tensors, 1 - taken)
-                torch._foreach_mul_(copies, taken)
-                torch._foreach_add_(tensors, copies)
+            for bits, (keep, copies) in plan.kept.items():
+                torch._foreach_mul_(self._views[bits], keep)
+                torch._foreach_add_(self._views[bits], copies)
         changed = [p for p, before in plan.entries.items() if _changed(optimizer.state.get(p, {}), before)]
         if changed and bool(found):  # the step made or replaced state: one host read decides
             for p in changed:

@@ -148,7 +148,7 @@ def test_undo_takes_back_state_the_step_created(found):
     a, b, opt = setup()
     before = [a.detach().clone(), b.detach().clone(), opt.state[a]["momentum_buffer"].clone()]
     undo = StepUndo()
-    plan = undo.plan(opt, a.device)
+    plan = undo.plan(opt, torch.tensor(found))
     opt.step()
     assert "momentum_buffer" in opt.state[b]
     undo.undo(opt, plan, torch.tensor(found))
@@ -171,7 +171,33 @@ def test_undo_declines_state_off_the_device_and_numbers():
     p.grad = torch.ones(3)
     opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
     opt.step()
-    assert StepUndo().plan(opt, torch.device("cpu")) is not None
-    assert StepUndo().plan(opt, torch.device("meta")) is None  # (the parameter is elsewhere)
+    assert StepUndo().plan(opt, torch.tensor(0.0)) is not None
+    assert StepUndo().plan(opt, torch.tensor(0.0, device="meta")) is None  # (the parameter is elsewhere)
     opt.state[p]["count"] = 3
-    assert StepUndo().plan(opt, torch.device("cpu")) is None
+    assert StepUndo().plan(opt, torch.tensor(0.0)) is None
+
+
+def test_undo_follows_tensors_replaced_between_steps():
+    """After ``load_state_dict`` (new momentum tensors) and ``p.data = ...`` (the same parameter, new
+    storage) the undo restores the tensors the step changed, not the ones it saw the step before."""
+    from hvd_async.algorithms.step_undo import StepUndo
+
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.randn(4))
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    undo = StepUndo()
+    for step in range(3):
+        p.grad = torch.randn(4)
+        found = torch.tensor(0.0)
+        plan = undo.plan(opt, found)
+        opt.step()
+        undo.undo(opt, plan, found)
+    opt.load_state_dict(opt.state_dict())
+    p.data = p.data.clone()
+    before = [p.detach().clone(), opt.state[p]["momentum_buffer"].clone()]
+    p.grad = torch.full((4,), float("nan"))
+    found = torch.tensor(1.0)
+    plan = undo.plan(opt, found)
+    opt.step()
+    undo.undo(opt, plan, found)
+    assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["momentum_buffer"], before[1])
