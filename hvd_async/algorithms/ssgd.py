@@ -222,7 +222,7 @@ class SSGD(Strategy):
             return None
         self._undo_plan = None
         if not amp:
-            self._undo_plan = self._undo.plan(opt, found)
+            self._undo_plan = self._plan_undo(found)
             if self._undo_plan is None:
                 return None
         if self._flag is not None:
@@ -230,6 +230,18 @@ class SSGD(Strategy):
             self._flag = None
             self.transport.synchronize(handle)
         return found
+
+    def _plan_undo(self, found: torch.Tensor):
+        """The step undo's copy, or None: where the device cannot undo the step alone, or has no memory
+        for the copy (then, with a warning, the check is read on the host from this step on)."""
+        try:
+            return self._undo.plan(self.optimizer, found)
+        except torch.OutOfMemoryError as error:
+            self.options.undo_on_device = False
+            logger.warning("ssgd: no device memory for the copy that undoes a non-finite step (%s); the "
+                           "check is read on the host from step %d on (undo_on_device=False says so up front)",
+                           str(error).splitlines()[0][:120], self.steps)
+            return None
 
     def _step_skipping_on_device(self, found: torch.Tensor):
         """The wrapped optimizer's step, skipped where ``found`` is 1 with no host read: by its own kernel

@@ -201,3 +201,36 @@ def test_undo_follows_tensors_replaced_between_steps():
     opt.step()
     undo.undo(opt, plan, found)
     assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["momentum_buffer"], before[1])
+
+
+def test_no_memory_for_the_copy_falls_back_to_the_host_read(monkeypatch, caplog):
+    """The undo's copy does not fit: one warning, the step goes through the host read (and still skips
+    a non-finite step), and later steps do not try the copy again."""
+    from hvd_async.algorithms import step_undo
+
+    monkeypatch.setattr(checks, "DEVICE_TYPES", ("cuda", "cpu"))
+    tries = []
+
+    def no_memory(self, optimizer, found):
+        tries.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(step_undo.StepUndo, "plan", no_memory)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters(), algorithm="ssgd",
+                               transport=LoopbackGroup(1).transport(0))
+    x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+    for step in range(1, 5):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if step == 3:
+            model.bias.grad[0] = float("nan")
+            before = [p.detach().clone() for p in model.parameters()]
+        with caplog.at_level("WARNING", logger="hvd_async.algorithms.ssgd"):
+            opt.step()
+        if step == 3:
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert len(tries) == 1 and caplog.text.count("no device memory for the copy") == 1
+    assert opt.stats()["skipped_nonfinite"] == 1
