@@ -119,7 +119,7 @@ class WorkerLoop:
             self._resume()
         self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
         self.dropped = []  # workers a --worker-timeout dropped
-        self.loss_sum = torch.zeros(())
+        self.loss_sum = torch.zeros((), device=device)  # (summed where the losses are: no host read a step)
         self.blocked_before = self.opt.stats().get("exchange_wait_seconds")
         self.stats, self.train_loss, self.batch_sizes = {}, None, None  # the last epoch's, for the record
 

@@ -105,3 +105,29 @@ def test_every_worker_trains_in_every_epoch_with_more_workers_than_batches_in_a_
     for entry in record["history"]:
         assert all(loss > 0 for loss in entry["worker_train_loss"]), entry["worker_train_loss"]
     assert record["updates"] >= 4 * 8
+
+
+def test_the_loss_sum_lives_where_the_batches_go(monkeypatch):
+    """The loop sums its losses on the device its batches go to: a CPU sum of GPU losses failed every job
+    with --device cuda ('Expected all tensors to be on the same device'; tests/test_gpu.py on an H200).
+    Here the simulator's loop is built with another device (meta) and stopped once built."""
+    import torch
+
+    from hvd_async.sim import job as sim_job
+    from hvd_async.worker_loop import WorkerLoop
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    class Probe(WorkerLoop):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **dict(kwargs, device=torch.device("meta")))
+            seen.append(self.loss_sum.device.type)
+            raise Built()
+
+    monkeypatch.setattr(sim_job, "WorkerLoop", Probe)
+    with pytest.raises(Exception):
+        run("--algo", "ssgd", "--workers", "1", "--epochs", "1")
+    assert seen == ["meta"]
