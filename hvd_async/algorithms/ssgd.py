@@ -105,11 +105,11 @@ class SSGD(Strategy):
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
         # With gradients on the GPU the check stays on the device, so nothing waits for the GPU
-        # (resnet50 on an H100, one worker: 0.996 of Horovod with fused SGD, 0.944 with the host read;
-        # benchmarks/results/device/): an optimizer that takes torch.amp's found_inf (torch's fused SGD,
-        # Adam, AdamW) skips the step in its own kernel; another has its step undone on the device
-        # (StepUndo; undo_on_device=False reads the check instead). Skips are counted there too, and
-        # read every 100 steps and by stats().
+        # (resnet50, one worker, of Horovod: fused SGD 0.996 on an H100; unfused SGD undone 0.981, read
+        # on the host 0.875, on an H200; benchmarks/results/device/): an optimizer that takes torch.amp's
+        # found_inf (torch's fused SGD, Adam, AdamW) skips the step in its own kernel; another has its
+        # step undone on the device (StepUndo; undo_on_device=False reads the check instead). Skips are
+        # counted there too, and read every 100 steps and by stats().
         self._skipped = 0
         self._skipped_on_device = None  # a 0-dim tensor of skips not yet read, or None
         self._device_skip_ready = False  # after one step through the optimizer (its state exists)
