@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..checks import all_finite, is_int_at_least, nonfinite_on_device
 from ..options import option
 from ..transport.base import ReduceOp
@@ -217,31 +218,36 @@ class SSGD(Strategy):
         if not (self._device_skip_ready and (amp or self.options.undo_on_device)) \
                 or getattr(opt, "found_inf", None) is not None or getattr(opt, "grad_scale", None) is not None:
             return None
-        found = nonfinite_on_device([p.grad for _, p in self.named_parameters if p.grad is not None])
-        if found is None:
+        grads = [p.grad for _, p in self.named_parameters if p.grad is not None]
+        if not grads or grads[0].device.type not in checks.DEVICE_TYPES:
             return None
-        self._undo_plan = None
-        if not amp:
-            self._undo_plan = self._plan_undo(found)
-            if self._undo_plan is None:
+        plan = None
+        if not amp:  # (decided before the check runs: where the undo declines, the host reads it alone)
+            plan = self._undo.plan(opt, grads[0].device)
+            if plan is None:
                 return None
+        found = nonfinite_on_device(grads)
+        if found is None or (plan is not None and not self._copy_for_undo(plan, found)):
+            return None
+        self._undo_plan = plan
         if self._flag is not None:
             handle, _ = self._flag  # drained, not read: the exact check decides
             self._flag = None
             self.transport.synchronize(handle)
         return found
 
-    def _plan_undo(self, found: torch.Tensor):
-        """The step undo's copy, or None: where the device cannot undo the step alone, or has no memory
-        for the copy (then, with a warning, the check is read on the host from this step on)."""
+    def _copy_for_undo(self, plan, found: torch.Tensor) -> bool:
+        """The step undo's copy; False where the device has no memory for it (then, with a warning, the
+        check is read on the host from this step on)."""
         try:
-            return self._undo.plan(self.optimizer, found)
+            self._undo.copy(plan, found)
+            return True
         except torch.OutOfMemoryError as error:
             self.options.undo_on_device = False
             logger.warning("ssgd: no device memory for the copy that undoes a non-finite step (%s); the "
                            "check is read on the host from step %d on (undo_on_device=False says so up front)",
                            str(error).splitlines()[0][:120], self.steps)
-            return None
+            return False
 
     def _step_skipping_on_device(self, found: torch.Tensor):
         """The wrapped optimizer's step, skipped where ``found`` is 1 with no host read: by its own kernel

@@ -11,7 +11,8 @@ memory traffic: about seven passes over the parameters and their state per step.
 
 Where the device cannot undo the step alone (a state tensor elsewhere, a number in the state, or a
 parameter whose state the step creates or replaces) it says so: ``plan()`` returns None before the step
-(the caller reads the flag on the host instead), or ``undo()`` reads the flag once after it.
+(the caller reads the flag on the host instead, and runs no device check), or ``undo()`` reads the
+flag once after it.
 """
 from typing import Dict, List, Optional
 
@@ -21,11 +22,11 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Plan:
-    """One step's copies (per integer view dtype: 1 - flag, and the copies times the flag) and, per
-    parameter, its state's entries as they were."""
+    """One step's tensors: per parameter, its state's entries as they were; after ``StepUndo.copy``, per
+    integer view dtype, 1 - flag and the copies times the flag."""
 
-    def __init__(self, kept: dict, entries: Dict[torch.Tensor, dict]):
-        self.kept, self.entries = kept, entries
+    def __init__(self, entries: Dict[torch.Tensor, dict]):
+        self.entries, self.kept = entries, {}
 
 
 class StepUndo:
@@ -35,10 +36,10 @@ class StepUndo:
         self._key = None  # ((id, data_ptr) of each tensor the last plan covered)
         self._views: Dict[torch.dtype, List[torch.Tensor]] = {}
 
-    def plan(self, optimizer, found: torch.Tensor) -> Optional[Plan]:
-        """Copy what the step may change, times ``found`` (0-dim, 0.0 or 1.0, on the device the step runs
-        on); None where the device cannot undo it alone."""
-        device, targets, entries = found.device, [], {}
+    def plan(self, optimizer, device: torch.device) -> Optional[Plan]:
+        """What the step may change (parameters with a gradient and their state, all on ``device``, where
+        the step runs); None where the device cannot undo it alone. Host work only: nothing launched."""
+        targets, entries = [], {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -57,12 +58,15 @@ class StepUndo:
                 bits = _BITS[t.element_size()]
                 self._views.setdefault(bits, []).append(t.detach().view(bits))
             self._key = key
-        flag, kept = found.reshape(()), {}
+        return Plan(entries)
+
+    def copy(self, plan: Plan, found: torch.Tensor) -> None:
+        """Before the step: copy the planned tensors times ``found`` (0-dim, 0.0 or 1.0, on their device)."""
+        flag = found.reshape(())
         with torch.no_grad():
             for bits, views in self._views.items():
                 taken = flag.to(bits)
-                kept[bits] = (1 - taken, torch._foreach_mul(views, taken))
-        return Plan(kept, entries)
+                plan.kept[bits] = (1 - taken, torch._foreach_mul(views, taken))
 
     def undo(self, optimizer, plan: Plan, found: torch.Tensor) -> None:
         """After the step: every planned tensor back to its copy where ``found`` is 1, as it is where 0."""

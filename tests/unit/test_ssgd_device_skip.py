@@ -28,8 +28,8 @@ def _optimizer(kind, params, fused):
 
 
 def _train(workers, kind, path, bad, monkeypatch):
-    """``path``: 'fused' (found_inf), 'undo' (unfused, undone on the device) or 'host' (unfused, read)."""
-    """Every worker trains STEPS steps; worker ``workers - 1`` plants ``bad`` into one gradient element
+    """Every worker trains STEPS steps through ``path``: 'fused' (found_inf), 'undo' (unfused, undone on
+    the device) or 'host' (unfused, read); worker ``workers - 1`` plants ``bad`` into one gradient element
     at BAD_STEP. Returns, per worker, the weights after each step, the optimizer state after the
     last, the skip count, and how often the host check (a read of the flag or the gradients) ran."""
     monkeypatch.setattr(checks, "DEVICE_TYPES", ("cuda", "cpu"))
@@ -148,7 +148,8 @@ def test_undo_takes_back_state_the_step_created(found):
     a, b, opt = setup()
     before = [a.detach().clone(), b.detach().clone(), opt.state[a]["momentum_buffer"].clone()]
     undo = StepUndo()
-    plan = undo.plan(opt, torch.tensor(found))
+    plan = undo.plan(opt, a.device)
+    undo.copy(plan, torch.tensor(found))
     opt.step()
     assert "momentum_buffer" in opt.state[b]
     undo.undo(opt, plan, torch.tensor(found))
@@ -171,10 +172,10 @@ def test_undo_declines_state_off_the_device_and_numbers():
     p.grad = torch.ones(3)
     opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
     opt.step()
-    assert StepUndo().plan(opt, torch.tensor(0.0)) is not None
-    assert StepUndo().plan(opt, torch.tensor(0.0, device="meta")) is None  # (the parameter is elsewhere)
+    assert StepUndo().plan(opt, p.device) is not None
+    assert StepUndo().plan(opt, torch.device("meta")) is None  # (the parameter is elsewhere)
     opt.state[p]["count"] = 3
-    assert StepUndo().plan(opt, torch.tensor(0.0)) is None
+    assert StepUndo().plan(opt, p.device) is None
 
 
 def test_undo_follows_tensors_replaced_between_steps():
@@ -189,7 +190,8 @@ def test_undo_follows_tensors_replaced_between_steps():
     for step in range(3):
         p.grad = torch.randn(4)
         found = torch.tensor(0.0)
-        plan = undo.plan(opt, found)
+        plan = undo.plan(opt, p.device)
+        undo.copy(plan, found)
         opt.step()
         undo.undo(opt, plan, found)
     opt.load_state_dict(opt.state_dict())
@@ -197,7 +199,8 @@ def test_undo_follows_tensors_replaced_between_steps():
     before = [p.detach().clone(), opt.state[p]["momentum_buffer"].clone()]
     p.grad = torch.full((4,), float("nan"))
     found = torch.tensor(1.0)
-    plan = undo.plan(opt, found)
+    plan = undo.plan(opt, p.device)
+    undo.copy(plan, found)
     opt.step()
     undo.undo(opt, plan, found)
     assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["momentum_buffer"], before[1])
@@ -211,11 +214,11 @@ def test_no_memory_for_the_copy_falls_back_to_the_host_read(monkeypatch, caplog)
     monkeypatch.setattr(checks, "DEVICE_TYPES", ("cuda", "cpu"))
     tries = []
 
-    def no_memory(self, optimizer, found):
+    def no_memory(self, plan, found):
         tries.append(1)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(step_undo.StepUndo, "plan", no_memory)
+    monkeypatch.setattr(step_undo.StepUndo, "copy", no_memory)
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
