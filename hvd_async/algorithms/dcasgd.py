@@ -2,7 +2,7 @@
 ``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker, and answer with the
 look-ahead weights (``lookahead``)."""
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -141,6 +141,13 @@ class DCASGD(MailboxStrategy):
 
 
 
+def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
+    """``||step - grad||^2``, through a scratch tensor of ``state``'s (no temporary: see
+    DCRule.compensated)."""
+    diff, = scratch(state, grad, 1, key="scratch_diff")
+    return float(torch.sub(step, grad, out=diff).norm()) ** 2
+
+
 class DCProgram(MailboxProgram):
     def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False, compensate="always", push_clip=0.0):
         super().__init__(host)
@@ -157,8 +164,22 @@ class DCProgram(MailboxProgram):
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         """The rule's compensated step; under ``compensate='uncovered'`` only for a push applied later
         than the version its gradient stands for (:meth:`computed_at`)."""
-        active = self.compensate == "always" or self.host.version > self.computed_at(worker, payload)
+        active = self.active_for(worker, payload)
         return self.rule.compensated(self.host.weights, grad, self.state, worker, active=active)
+
+    def active_for(self, worker, payload) -> bool:
+        """Whether this push gets the compensation (``compensate``: always, or only where uncovered)."""
+        return self.compensate == "always" or self.host.version > self.computed_at(worker, payload)
+
+    def compensated_and_size(self, worker, grad, payload) -> Tuple[torch.Tensor, float]:
+        """:meth:`compensated`, and the squared norm of what it added to the gradient (the workers'
+        stats, TensorBoard ``compensation/``). The norm is taken of the term before it joins the
+        gradient, so measuring costs one reduction and no pass of its own (none where the term is off).
+        A program whose step is more than gradient + term measures with :func:`distance_sq`."""
+        active = self.active_for(worker, payload)
+        term = self.rule.term(self.host.weights, grad, self.state, worker, active=active)
+        size = 0.0 if term is None else float(term.norm()) ** 2
+        return self.rule.joined(term, grad, self.state), size
 
     def computed_at(self, worker, payload) -> int:
         """The version the worker's gradient stands for. Without the look-ahead, the one it pulled.
@@ -204,12 +225,9 @@ class DCProgram(MailboxProgram):
 
     def on_push(self, worker, grad, payload) -> None:
         staleness = self.staleness(worker)
-        step = self.compensated(worker, grad, payload)
-        # the compensation's size, for the workers' stats (TensorBoard ``compensation/``)
-        diff, = scratch(self.state, grad, 1, key="scratch_diff")  # (no temporary: see DCRule.compensated)
+        step, compensation_sq = self.compensated_and_size(worker, grad, payload)
         grad_norm = float(grad.norm())
-        self.host.add_sums(float(torch.sub(step, grad, out=diff).norm()) ** 2,
-                           grad_norm ** 2)  # read by MailboxStrategy.stats
+        self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         if self.push_clip is not None:
             scale = self.push_clip.scale(grad_norm)
             if scale < 1.0:

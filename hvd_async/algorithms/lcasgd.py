@@ -1,7 +1,7 @@
 """lc-asgd: dc-asgd's step scaled by the loss the servers predict for the pushing worker."""
 import inspect
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -10,7 +10,7 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .dcasgd import (ADAPTIVE_HELP, LAM_HELP, MS_MOMENTUM_HELP, PUSH_CLIP_HELP, DCASGD, _check_dc_numbers, DCProgram,
-                     check_push_clip)
+                     check_push_clip, distance_sq)
 from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
@@ -110,4 +110,9 @@ class LCProgram(DCProgram):
         self.rule.observe(self.state, worker, version, loss)  # the loss where the gradient was computed
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=version)
+
+    def compensated_and_size(self, worker, grad, payload) -> Tuple[torch.Tensor, float]:
+        """The step, and its squared distance from the gradient: the loss ratio scales the gradient too."""
+        step = self.compensated(worker, grad, payload)
+        return step, distance_sq(self.state, step, grad)
 

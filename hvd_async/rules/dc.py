@@ -59,12 +59,18 @@ class DCRule(Rule):
 
         No tensor is allocated per call: on a server every fresh temporary of a large model costs its
         pages' first-touch faults, several times the arithmetic (``lookahead_cost.py``)."""
+        return self.joined(self.term(weights, grad, state, worker, active), grad, state)
+
+    def term(self, weights, grad, state, worker: int, active: bool = True):
+        """The compensation ``lam_t * g * g * (w - w_bak(worker))`` alone, in the scratch tensor that
+        :meth:`compensated` returns (updates ``MS`` if adaptive); None where it is off (``lam`` 0, or
+        not ``active``). ``joined(term, grad, state)`` is then that step, bit for bit."""
         step, work = scratch(state, grad, 2)
         if self.adaptive:
             ms = state["mean_square"]
             ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
         if not (self.lam and active):
-            return step.copy_(grad)
+            return None
         backup = state["backup"][worker]
         if backup.dtype != weights.dtype:  # an fp16 outbox slot: widened here, not into a temporary
             backup = step.copy_(backup)
@@ -72,7 +78,13 @@ class DCRule(Rule):
         step.mul_(grad).mul_(grad)
         if self.adaptive:  # lam / sqrt(MS + eps)
             step.div_(torch.add(state["mean_square"], self.eps, out=work).sqrt_())
-        return step.mul_(self.lam).add_(grad)
+        return step.mul_(self.lam)
+
+    @staticmethod
+    def joined(term, grad, state) -> torch.Tensor:
+        """The compensated step from :meth:`term`'s result: ``term + g`` in place, or ``g`` copied into
+        the scratch tensor where ``term`` is None."""
+        return scratch(state, grad, 1)[0].copy_(grad) if term is None else term.add_(grad)
 
     def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
                weight_decay=0.0):

@@ -236,3 +236,59 @@ def test_fp16_slots_enter_the_arithmetic_through_kept_buffers_with_the_same_numb
     fp32 = Lookahead(w)
     fp32.answer(torch.empty(n), w, 0.05)
     assert fp32.wide is None  # fp32 slots are written directly
+
+
+@pytest.mark.parametrize("program_name, options", [
+    ("dc-asgd", dict(lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=True)),
+    ("dc-asgd", dict(lam=0.5, adaptive=False, ms_momentum=0.95, compensate="uncovered")),
+    ("dc-asgd", dict(lam=0.0, adaptive=False, ms_momentum=0.95)),
+    ("lc-asgd", dict(lam=2.0, adaptive=True, ms_momentum=0.95, r_min=0.5)),
+])
+def test_the_reported_compensation_is_the_step_minus_the_gradient(program_name, options):
+    # dc-asgd measures its term before the gradient joins it (no pass of its own): the size reported
+    # must still be ||step - g||^2 of the step applied, push by push, and 0 where the term is off
+    import copy
+
+    from hvd_async.algorithms.dcasgd import DCProgram
+    from hvd_async.algorithms.lcasgd import LCProgram
+    from hvd_async.algorithms.ps import F_LOSS, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+
+    torch.manual_seed(1)
+    host = _Host(workers=3, numel=64)
+    program = (DCProgram if program_name == "dc-asgd" else LCProgram)(host, **options)
+    sizes, zero = [], 0
+    for i, m in enumerate((0, 1, 2, 0, 0, 1, 2, 2, 0)):
+        payload = {F_LR: 0.05, F_MOMENTUM: 0.9, F_WEIGHT_DECAY: 1e-4, F_NESTEROV: 0.0, F_LOSS: 2.0 - 0.1 * i}
+        g = torch.randn(64)
+        twin = copy.deepcopy(program)  # the same state: its step is the one this push applies
+        step = twin.compensated(m, g, payload).clone()
+        twin_weights = twin.host.weights.clone()
+        program.on_push(m, g, payload)
+        twin.sgd.apply_(twin_weights, step, twin.momentum[m], **twin.step_kwargs(payload))
+        assert torch.equal(host.weights, twin_weights)  # the step measured is the step applied
+        compensation_sq, grad_sq = host.sums
+        assert compensation_sq == pytest.approx(float((step - g).norm()) ** 2, rel=1e-5, abs=1e-12)
+        assert grad_sq == pytest.approx(float(g.norm()) ** 2)
+        sizes.append(compensation_sq)
+        zero += compensation_sq == 0.0
+    if options["lam"] == 0.0:
+        assert zero == len(sizes)
+    elif options.get("compensate") == "uncovered":  # a push at zero delay: no term, nothing measured
+        assert 0 < zero < len(sizes)
+    else:  # (a push at the weights its worker holds has no drift: 0 there too)
+        assert sizes[-1] > 0 and zero < len(sizes) // 2
+
+
+def test_the_dc_term_joined_with_the_gradient_is_the_compensated_step_bit_for_bit():
+    torch.manual_seed(2)
+    w, g = torch.randn(256), torch.randn(256)
+    for rule in (DCRule(2.0, adaptive=True), DCRule(0.3), DCRule(0.0)):
+        states = [rule.init(w), rule.init(w)]
+        for state in states:
+            state["backup"] = {0: w - 0.01 * torch.randn(256)}
+        states[1]["backup"] = {0: states[0]["backup"][0].clone()}
+        for active in (True, False):
+            whole = rule.compensated(w, g, states[0], 0, active=active).clone()
+            term = rule.term(w, g, states[1], 0, active=active)
+            assert (term is None) == (not (rule.lam and active))
+            assert torch.equal(rule.joined(term, g, states[1]), whole)
