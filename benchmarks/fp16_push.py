@@ -14,8 +14,8 @@ plot to benchmarks/results/.
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/fp16_push.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster: bytes cost
 
-``--poll-us`` / ``--spin-ms`` set the server's progress policy (``ha.serve``'s ``poll_interval`` and
-``spin_seconds``); the default is ``ha.serve()``'s own.
+``--poll-us`` / ``--spin-ms`` / ``--spin-yield`` set the server's progress policy (``ha.serve``'s
+``poll_interval``, ``spin_seconds`` and ``spin_yield``); the default is ``ha.serve()``'s own.
 """
 import argparse
 import os
@@ -41,6 +41,9 @@ def parse_args(argv=None):
                    help="the server's sleep per idle turn, microseconds (default: ha.serve()'s)")
     p.add_argument("--spin-ms", type=float, default=None,
                    help="how long the server turns without sleeping after a request, ms (default: ha.serve()'s)")
+    p.add_argument("--spin-yield", choices=("auto", "on", "off"), default="auto",
+                   help="whether the server gives its core away while it spins (ha.serve's spin_yield; auto: "
+                        "where the node is oversubscribed)")
     p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
     args = p.parse_args(argv)
     try:
@@ -66,7 +69,8 @@ def bench(args) -> int:
     ha.init(servers=1)
     if ha.is_server():
         policy = {"poll_interval": None if args.poll_us is None else args.poll_us * 1e-6,
-                  "spin_seconds": None if args.spin_ms is None else args.spin_ms * 1e-3}
+                  "spin_seconds": None if args.spin_ms is None else args.spin_ms * 1e-3,
+                  "spin_yield": {"auto": None, "on": True, "off": False}[args.spin_yield]}
         ha.serve(**{k: v for k, v in policy.items() if v is not None})
         return 0
     workers = ha.worker_comm()
@@ -114,7 +118,7 @@ def bench(args) -> int:
     if ha.rank() == 0:
         summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
                    "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "server_poll_us": args.poll_us,
-                   "server_spin_ms": args.spin_ms, "rows": rows}
+                   "server_spin_ms": args.spin_ms, "server_spin_yield": args.spin_yield, "rows": rows}
         save(summary, args.out, plot)
     return 0
 

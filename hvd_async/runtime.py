@@ -36,6 +36,9 @@ class _Runtime:
         self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.finished = False
+        # (collective) whether this node runs more processes on a rank's CPUs than there are of them:
+        # a server's loop then gives the core away while it spins (serve(spin_yield=None))
+        self.oversubscribed = oversubscribed(*_node_cpus(self.world))
 
 
 _rt: Optional[_Runtime] = None
@@ -198,16 +201,27 @@ def cpu_share(mine, node: List) -> int:
     return max(1, len(mine) // sharing)
 
 
+def oversubscribed(mine, node: List) -> bool:
+    """Whether more of the node's processes (``node``: each one's CPU set, ``mine`` among them) may run
+    on this process's CPUs (``mine``) than there are of them."""
+    return sum(1 for cpus in node if cpus & mine) > len(mine)
+
+
 def threads_per_rank() -> int:
     """:func:`cpu_share` of this process, from the CPU affinity of every rank on its node (collective
     over the whole job: servers and workers, they share the node's cores)."""
+    return cpu_share(*_node_cpus(_runtime().world))
+
+
+def _node_cpus(world):
+    """``(mine, node)``: the CPUs this process may run on, and each one's of the processes on its node
+    (``mine`` among them). Collective over ``world``."""
     from mpi4py import MPI
 
-    rt = _runtime()
     mine = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    node = rt.world.Split_type(MPI.COMM_TYPE_SHARED)
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return cpu_share(mine, node.allgather(mine))
+        return mine, node.allgather(mine)
     finally:
         node.Free()
 
@@ -218,7 +232,7 @@ def worker_comm():
 
 
 def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
-          worker_timeout: Optional[float] = None) -> server.ServerReport:
+          worker_timeout: Optional[float] = None, spin_yield: Optional[bool] = None) -> server.ServerReport:
     """Run the server loop until every worker has finished (see :mod:`hvd_async.server`).
 
     Args:
@@ -226,10 +240,12 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
         spin_seconds: after the last sign of activity, keep turning without sleeping this long.
         worker_timeout: seconds after which an aggregate (softsync, od-sgd) stops waiting for a
             worker that sent nothing; None waits for ever.
+        spin_yield: while turning, give the core to any other runnable process at every turn
+            (``sched_yield``). None (default): only where this node runs more processes on the
+            server's CPUs than there are CPUs (:func:`oversubscribed`), as MPI libraries do in their
+            own waits. A server that yields while a worker's gradient comes in over TCP receives it
+            several times slower (``benchmarks/results/bench-check/server-spin-yield-20261127/``).
     """
-    rt = _runtime()
-    if rt.role is not Role.SERVER:
-        raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
     for name, value in (("poll_interval", poll_interval), ("spin_seconds", spin_seconds),
                         ("worker_timeout", worker_timeout)):
         if value is None and name == "worker_timeout":
@@ -238,9 +254,16 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
                 or (name == "worker_timeout" and value == 0):
             raise ValueError(f"serve(): {name} must be a finite number of seconds "
                              f"{'> 0 (or None)' if name == 'worker_timeout' else '>= 0'}, got {value!r}")
+    if spin_yield is not None and not isinstance(spin_yield, bool):
+        raise ValueError(f"serve(): spin_yield must be True, False or None (where the node is oversubscribed), "
+                         f"got {spin_yield!r}")
+    rt = _runtime()
+    if rt.role is not Role.SERVER:
+        raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
     try:
         report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
-                            win_comm=rt.win_comm, worker_timeout=worker_timeout)
+                            win_comm=rt.win_comm, worker_timeout=worker_timeout,
+                            spin_yield=rt.oversubscribed if spin_yield is None else spin_yield)
     except BaseException as exc:  # the workers would wait for this server for ever: end the job
         sys.stderr.write(f"hvd_async: server {rt.group.rank} (world rank {rt.world.rank}) failed, ending "
                          f"the job: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")

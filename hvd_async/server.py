@@ -52,9 +52,10 @@ def _open_shard(ctrl, win_comm, source: int):
 
 
 def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
-        win_comm=None, worker_timeout: Optional[float] = None) -> ServerReport:
+        win_comm=None, worker_timeout: Optional[float] = None, spin_yield: bool = True) -> ServerReport:
     """Serve until every world rank in ``workers`` has sent ``TAG_DONE`` on communicator ``ctrl``
-    (or was dropped by the workers for making no progress: ``worker_timeout``)."""
+    (or was dropped by the workers for making no progress: ``worker_timeout``). ``spin_yield``: give
+    the core away at each turn while spinning (:func:`hvd_async.serve`)."""
     from mpi4py import MPI
 
     from .transport.window import TAG_OPEN
@@ -104,7 +105,8 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
         if busy:
             last_activity = now
         if now - last_activity < spin_seconds:
-            os.sched_yield()  # runnable ranks on this core go first; otherwise straight back to MPI
+            if spin_yield:
+                os.sched_yield()  # runnable ranks on this core go first; otherwise straight back to MPI
         else:
             time.sleep(poll_interval)
     report.wall_seconds = time.perf_counter() - start

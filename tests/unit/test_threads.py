@@ -28,3 +28,14 @@ def test_more_ranks_than_cpus_run_one_thread_each():
     two = {0, 1}
     assert cpu_share(two, [two] * 5) == 1
     assert cpu_share({0}, [{0}, {1}]) == 1
+
+
+def test_a_node_is_oversubscribed_when_more_ranks_may_run_on_a_rank_cpus_than_there_are():
+    from hvd_async.runtime import oversubscribed
+
+    two = {0, 1}
+    assert not oversubscribed(two, [two, two])  # 2 unbound ranks on 2 cores
+    assert oversubscribed(two, [two] * 3)  # 3 on 2 (mpirun --oversubscribe on this 2-core machine)
+    assert oversubscribed({0}, [{0}, {0}])  # both bound to core 0
+    assert not oversubscribed({0}, [{0}, {1}])  # each on its own core
+    assert not oversubscribed(NODE, [NODE] * 32) and oversubscribed(NODE, [NODE] * 33)
