@@ -14,7 +14,7 @@ wrapped, in this process only, so that each call the worker makes is timed:
 
 Printed and written per size and wire: the mean milliseconds per push of each part. ``--spin-yield``
 sets ``ha.serve``'s ``spin_yield``. ``--slots`` sets the netns hosts' slots (1: every rank on a host
-of its own).
+of its own). torch runs as many threads per rank as the training job gives it, unless ``--threads``.
 
     python benchmarks/push_phases.py --mode netns --np 2 --slots 1
     python benchmarks/push_phases.py --mode netns --np 2 --slots 1 --spin-yield on
@@ -45,15 +45,17 @@ def parse_args(argv=None):
     p.add_argument("--spin-yield", choices=("auto", "on", "off"), default="auto",
                    help="whether the server gives its core away while it spins (auto: where the node is "
                         "oversubscribed)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per rank (0: as the training job sets them, its CPUs over the ranks on them)")
     p.add_argument("--out", default=None, help="JSON path (default: results/push_phases_<mode>.json)")
     args = p.parse_args(argv)
     try:
         args.size_bytes = [parse_size(s) for s in args.sizes.split(",")]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
-    if args.np < 2 or args.slots < 1 or args.blocks < 1 or args.pushes < 1:
-        p.error(f"--np must be >= 2 and --slots, --blocks, --pushes >= 1, got {args.np}, {args.slots}, "
-                f"{args.blocks}, {args.pushes}")
+    if args.np < 2 or args.slots < 1 or args.blocks < 1 or args.pushes < 1 or args.threads < 0:
+        p.error(f"--np must be >= 2, --slots, --blocks, --pushes >= 1 and --threads >= 0, got {args.np}, "
+                f"{args.slots}, {args.blocks}, {args.pushes}, {args.threads}")
     args.out = args.out or os.path.join(HERE, "results", f"push_phases_{args.mode}.json")
     return args
 
@@ -109,6 +111,8 @@ def bench(args) -> int:
     from hvd_async.transport import window as W
 
     ha.init(servers=1)
+    threads = args.threads or ha.runtime.threads_per_rank()  # (collective: every rank, servers too)
+    torch.set_num_threads(threads)
     if ha.is_server():
         ha.serve(spin_yield={"auto": None, "on": True, "off": False}[args.spin_yield])
         return 0
@@ -162,7 +166,7 @@ def bench(args) -> int:
     if ha.rank() == 0:
         write_record({"benchmark": "push_phases", "mode": args.mode, "np": workers.size + 1,
                       "slots_per_host": args.slots if args.mode == "netns" else None, "algorithm": "dc-asgd",
-                      "server_spin_yield": args.spin_yield, "parts": {p: PART_HELP[p] for p in PARTS},
+                      "server_spin_yield": args.spin_yield, "torch_threads": threads, "parts": {p: PART_HELP[p] for p in PARTS},
                       "rows": rows}, args.out)
         print(f"written {args.out}")
     return 0
