@@ -166,8 +166,8 @@ def bench(args) -> int:
     if ha.rank() == 0:
         write_record({"benchmark": "push_phases", "mode": args.mode, "np": workers.size + 1,
                       "slots_per_host": args.slots if args.mode == "netns" else None, "algorithm": "dc-asgd",
-                      "server_spin_yield": args.spin_yield, "torch_threads": threads, "parts": {p: PART_HELP[p] for p in PARTS},
-                      "rows": rows}, args.out)
+                      "server_spin_yield": args.spin_yield, "torch_threads": threads,
+                      "parts": {p: PART_HELP[p] for p in PARTS}, "rows": rows}, args.out)
         print(f"written {args.out}")
     return 0
 
