@@ -44,10 +44,11 @@ NO_SHM_MPI_ARGS = "--mca btl self,tcp --mca osc ^sm"  # one node, talking as sep
 MODES_HELP = "shm: one node; no-shm: one node over TCP; netns: 3 hosts of ../shared/tools/netns-cluster (needs root)"
 
 
-def launch_mode(script: str, np: int, mode: str) -> int:
+def launch_mode(script: str, np: int, mode: str, link_mbit: float = None) -> int:
     """Run ``script`` with the same arguments on ``np`` ranks: on this node with windows in shared
     memory (``shm``) or over TCP only (``no-shm``), or across the 3 hosts of the netns cluster
-    (``netns``: brought up for the run and down after it)."""
+    (``netns``: brought up for the run and down after it). ``link_mbit``: each netns host's link
+    limited to that many Mbit/s each way (a token bucket, ``tc tbf``), as a slower network would."""
     if mode != "netns":
         return relaunch(script, np, NO_SHM_MPI_ARGS if mode == "no-shm" else "")
     name = os.path.splitext(os.path.basename(script))[0]
@@ -59,9 +60,22 @@ def launch_mode(script: str, np: int, mode: str) -> int:
         print(f"{name}: error: could not build the netns cluster (needs root and iproute2)", file=sys.stderr)
         return 2
     try:
+        if link_mbit and not limit_links(link_mbit):
+            print(f"{name}: error: could not limit the netns links to {link_mbit:g} Mbit/s (tc tbf)", file=sys.stderr)
+            return 2
         return subprocess.run(["bash", NETNS_TOOL, "mpirun", "-np", str(np), *program(script)], env=env).returncode
     finally:
         subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
+
+
+def limit_links(mbit: float) -> bool:
+    """Put a token bucket of ``mbit`` Mbit/s on the link of each netns host of the benchmarks' cluster
+    (its burst: a hundredth of a second of the rate, 512 KB at least)."""
+    burst = max(512 * 1024, int(mbit * 1e6 / 8 / 100))
+    hosts = [f"{NETNS_ENV['NETNS_PREFIX']}{i}" for i in (1, 2, 3)]
+    return all(subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                               "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms"]).returncode == 0
+               for host in hosts)
 
 
 def save(summary: dict, out: str, plot) -> None:

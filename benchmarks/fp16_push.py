@@ -13,6 +13,7 @@ plot to benchmarks/results/.
     python benchmarks/fp16_push.py --mode shm      # one node, windows in shared memory
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/fp16_push.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster: bytes cost
+    python benchmarks/fp16_push.py --mode netns --link-mbit 1000   # their links as 1 Gbit/s Ethernet
 
 ``--poll-us`` / ``--spin-ms`` / ``--spin-yield`` set the server's progress policy (``ha.serve``'s
 ``poll_interval``, ``spin_seconds`` and ``spin_yield``); the default is ``ha.serve()``'s own.
@@ -44,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--spin-yield", choices=("auto", "on", "off"), default="auto",
                    help="whether the server gives its core away while it spins (ha.serve's spin_yield; auto: "
                         "where the node is oversubscribed)")
+    p.add_argument("--link-mbit", type=float, default=None,
+                   help="--mode netns: limit each host's link to this many Mbit/s (tc tbf), as a slower network")
     p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
     args = p.parse_args(argv)
     try:
@@ -52,6 +55,8 @@ def parse_args(argv=None):
         p.error(str(exc))
     if args.np < 2:
         p.error(f"--np must be >= 2 (one server and at least one worker), got {args.np}")
+    if args.link_mbit is not None and not (args.mode == "netns" and args.link_mbit > 0):
+        p.error(f"--link-mbit {args.link_mbit:g}: give a rate > 0, with --mode netns (the links it limits)")
     if args.blocks < 1 or not args.seconds > 0:
         p.error(f"--blocks must be >= 1 and --seconds > 0, got {args.blocks} and {args.seconds}")
     args.out = args.out or os.path.join(HERE, "results", f"fp16_push_{args.mode}.json")
@@ -118,7 +123,8 @@ def bench(args) -> int:
     if ha.rank() == 0:
         summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
                    "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "server_poll_us": args.poll_us,
-                   "server_spin_ms": args.spin_ms, "server_spin_yield": args.spin_yield, "rows": rows}
+                   "server_spin_ms": args.spin_ms, "server_spin_yield": args.spin_yield,
+                   "link_mbit": args.link_mbit, "rows": rows}
         save(summary, args.out, plot)
     return 0
 
@@ -151,7 +157,8 @@ def plot(summary, path):
     ax.axhline(0.55, color="r", ls="--", label="target 0.55 (from 4 MB)")
     ax.axhline(0.5, color="grey", ls=":", label="bytes alone")
     ax.set_xlabel("gradient size (fp32)"), ax.set_ylabel("time ratio"), ax.legend(fontsize=8)
-    fig.suptitle(f"dc-asgd push, fp16 against fp32 on the wire ({summary['mode']})")
+    link = f", links {summary['link_mbit']:g} Mbit/s" if summary.get("link_mbit") else ""
+    fig.suptitle(f"dc-asgd push, fp16 against fp32 on the wire ({summary['mode']}{link})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -159,7 +166,7 @@ def plot(summary, path):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not under_mpirun():
-        return launch_mode(__file__, args.np, args.mode)
+        return launch_mode(__file__, args.np, args.mode, link_mbit=args.link_mbit)
     return bench(args)
 
 
