@@ -78,6 +78,38 @@ def limit_links(mbit: float) -> bool:
                for host in hosts)
 
 
+SPIN_YIELD = {"auto": None, "on": True, "off": False}  # --spin-yield: ha.serve()'s spin_yield
+
+
+def add_spin_yield(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spin-yield", choices=tuple(SPIN_YIELD), default="auto",
+                   help="whether the server gives its core away while it spins (ha.serve's spin_yield; auto: "
+                        "where the node is oversubscribed)")
+
+
+def dc_pushes(numel: int):
+    """What ``fp16_push.py`` and ``push_phases.py`` time, on a worker: ``(grad, out, header,
+    transports)``, a dc-asgd push of ``numel`` fp32 elements (plain SGD on the server, no compensation)
+    through a window transport per wire, ``transports["fp32"]`` and ``["fp16"]``, each opened, published
+    and warmed by one push (collective over the job's ranks, as the transports are)."""
+    import torch
+
+    import hvd_async as ha
+    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.transport import window as W
+
+    header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
+    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
+    grad, out = torch.full((numel,), 1e-3), torch.zeros(numel)
+    transports = {}
+    for wire in ("fp32", "fp16"):
+        t = transports[wire] = W.WindowTransport(numel, comms=ha.runtime.comms(), algorithm="dc-asgd",
+                                                 mode="mailbox", options=options, wire=wire)
+        t.publish_(out)
+        t.push(grad, out, header)  # warm
+    return grad, out, header, transports
+
+
 def save(summary: dict, out: str, plot) -> None:
     """Write ``summary`` as JSON to ``out`` (see :func:`write_record`) and ``plot(summary, path)``
     beside it as PNG."""

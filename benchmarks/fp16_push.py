@@ -24,7 +24,8 @@ import statistics
 import sys
 import time
 
-from common import HERE, MODES, MODES_HELP, launch_mode, parse_size, pyplot, save, spread, under_mpirun
+from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_spin_yield, dc_pushes, launch_mode, parse_size, pyplot,
+                    save, spread, under_mpirun)
 
 SIZES = ["1MB", "4MB", "16MB"]
 CHECK_REPS = 20  # checks per timed block
@@ -42,9 +43,7 @@ def parse_args(argv=None):
                    help="the server's sleep per idle turn, microseconds (default: ha.serve()'s)")
     p.add_argument("--spin-ms", type=float, default=None,
                    help="how long the server turns without sleeping after a request, ms (default: ha.serve()'s)")
-    p.add_argument("--spin-yield", choices=("auto", "on", "off"), default="auto",
-                   help="whether the server gives its core away while it spins (ha.serve's spin_yield; auto: "
-                        "where the node is oversubscribed)")
+    add_spin_yield(p)
     p.add_argument("--link-mbit", type=float, default=None,
                    help="--mode netns: limit each host's link to this many Mbit/s (tc tbf), as a slower network")
     p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
@@ -64,32 +63,20 @@ def parse_args(argv=None):
 
 
 def bench(args) -> int:
-    import torch
-
     import hvd_async as ha
-    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
     from hvd_async.checks import all_finite, finite_in_fp16
-    from hvd_async.transport import window as W
 
     ha.init(servers=1)
     if ha.is_server():
         policy = {"poll_interval": None if args.poll_us is None else args.poll_us * 1e-6,
                   "spin_seconds": None if args.spin_ms is None else args.spin_ms * 1e-3,
-                  "spin_yield": {"auto": None, "on": True, "off": False}[args.spin_yield]}
+                  "spin_yield": SPIN_YIELD[args.spin_yield]}
         ha.serve(**{k: v for k, v in policy.items() if v is not None})
         return 0
     workers = ha.worker_comm()
-    header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
-    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
     rows = []
     for size in args.size_bytes:
-        n = size // 4
-        grad, out = torch.full((n,), 1e-3), torch.zeros(n)
-        transports = {wire: W.WindowTransport(n, comms=ha.runtime.comms(), algorithm="dc-asgd", mode="mailbox", options=options, wire=wire)
-                      for wire in ("fp32", "fp16")}
-        for t in transports.values():
-            t.publish_(out)
-            t.push(grad, out, header)  # warm
+        grad, out, header, transports = dc_pushes(size // 4)
         start = time.perf_counter()
         transports["fp32"].push(grad, out, header)
         reps = max(2, int(args.seconds / max(1e-6, time.perf_counter() - start)))

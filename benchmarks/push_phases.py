@@ -26,7 +26,8 @@ import sys
 import time
 from collections import defaultdict
 
-from common import HERE, MODES, MODES_HELP, launch_mode, parse_size, under_mpirun, write_record
+from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_spin_yield, dc_pushes, launch_mode, parse_size,
+                    under_mpirun, write_record)
 
 PARTS = ("put", "request", "answer", "weights", "rest")
 CALLS = {"inbox.Put": "put", "inbox.Flush_all": "put", "comm.Send": "request", "comm.Irecv": "request",
@@ -42,9 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default="4MB,16MB", help="comma-separated fp32 buffer sizes")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (fp32, fp16) per size")
     p.add_argument("--pushes", type=int, default=5, help="pushes per block")
-    p.add_argument("--spin-yield", choices=("auto", "on", "off"), default="auto",
-                   help="whether the server gives its core away while it spins (auto: where the node is "
-                        "oversubscribed)")
+    add_spin_yield(p)
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per rank (0: as the training job sets them, its CPUs over the ranks on them)")
     p.add_argument("--out", default=None, help="JSON path (default: results/push_phases_<mode>.json)")
@@ -107,35 +106,24 @@ def bench(args) -> int:
     import torch
 
     import hvd_async as ha
-    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
-    from hvd_async.transport import window as W
 
     ha.init(servers=1)
     threads = args.threads or ha.runtime.threads_per_rank()  # (collective: every rank, servers too)
     torch.set_num_threads(threads)
     if ha.is_server():
-        ha.serve(spin_yield={"auto": None, "on": True, "off": False}[args.spin_yield])
+        ha.serve(spin_yield=SPIN_YIELD[args.spin_yield])
         return 0
     workers = ha.worker_comm()
-    header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
-    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
     rows = []
     for size in args.size_bytes:
-        n = size // 4
-        grad, out = torch.full((n,), 1e-3), torch.zeros(n)
-        spent = {wire: defaultdict(float) for wire in ("fp32", "fp16")}
-        totals = {wire: [] for wire in spent}
-        transports = {}
-        for wire in spent:
-            t = W.WindowTransport(n, comms=ha.runtime.comms(), algorithm="dc-asgd", mode="mailbox",
-                                  options=options, wire=wire)
-            t.publish_(out)
-            t.push(grad, out, header)  # warm
+        grad, out, header, transports = dc_pushes(size // 4)
+        spent = {wire: defaultdict(float) for wire in transports}
+        totals = {wire: [] for wire in transports}
+        for wire, t in transports.items():
             t._MPI = _TimedMPI(t._MPI, spent[wire])
             t._win.inbox = _Timed(t._win.inbox, "inbox", spent[wire])
             t._win.outbox = _Timed(t._win.outbox, "outbox", spent[wire])
             t.comm = _Timed(t.comm, "comm", spent[wire])
-            transports[wire] = t
         for block in range(args.blocks):
             for wire in (("fp32", "fp16") if block % 2 == 0 else ("fp16", "fp32")):
                 start = time.perf_counter()
