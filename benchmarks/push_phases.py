@@ -108,7 +108,7 @@ def bench(args) -> int:
     import hvd_async as ha
 
     ha.init(servers=1)
-    threads = args.threads or ha.runtime.threads_per_rank()  # (collective: every rank, servers too)
+    threads = args.threads or ha.runtime.threads_per_rank()  # (as the job: every rank, servers too)
     torch.set_num_threads(threads)
     if ha.is_server():
         ha.serve(spin_yield=SPIN_YIELD[args.spin_yield])

@@ -36,9 +36,10 @@ class _Runtime:
         self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.finished = False
-        # (collective) whether this node runs more processes on a rank's CPUs than there are of them:
-        # a server's loop then gives the core away while it spins (serve(spin_yield=None))
-        self.oversubscribed = oversubscribed(*_node_cpus(self.world))
+        # (collective, once) this rank's CPUs and those of every rank on its node: the torch threads it
+        # should run (threads_per_rank), and whether a server's loop gives its core away while it spins
+        self.node_cpus = _node_cpus(self.world)
+        self.oversubscribed = oversubscribed(*self.node_cpus)
 
 
 _rt: Optional[_Runtime] = None
@@ -208,9 +209,9 @@ def oversubscribed(mine, node: List) -> bool:
 
 
 def threads_per_rank() -> int:
-    """:func:`cpu_share` of this process, from the CPU affinity of every rank on its node (collective
-    over the whole job: servers and workers, they share the node's cores)."""
-    return cpu_share(*_node_cpus(_runtime().world))
+    """:func:`cpu_share` of this process, from the CPU affinity of every rank on its node (servers and
+    workers: they share the node's cores), as gathered at :func:`init`."""
+    return cpu_share(*_runtime().node_cpus)
 
 
 def _node_cpus(world):
