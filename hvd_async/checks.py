@@ -39,6 +39,17 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def norm_if_finite(t: torch.Tensor) -> Optional[float]:
+    """The 2-norm of ``t`` where every element is finite, else None, in one pass where it is: a finite
+    norm proves every element finite (as :func:`all_finite`'s sum does). A norm that is not finite
+    goes to the exact check, which keeps finite values whose squares overflow (their norm, infinity,
+    is returned as it is)."""
+    norm = float(t.norm())
+    if math.isfinite(norm) or bool(torch.isfinite(t).all()):
+        return norm
+    return None
+
+
 FP16_OVERFLOW = 65520.0  # the smallest magnitude fp16 rounds to infinity (65504 is its largest finite)
 
 

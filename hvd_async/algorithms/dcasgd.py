@@ -174,11 +174,14 @@ class DCProgram(MailboxProgram):
     def compensated_and_size(self, worker, grad, payload) -> Tuple[torch.Tensor, float]:
         """:meth:`compensated`, and the squared norm of what it added to the gradient (the workers'
         stats, TensorBoard ``compensation/``). The norm is taken of the term before it joins the
-        gradient, so measuring costs one reduction and no pass of its own (none where the term is off).
+        gradient, so measuring costs one reduction and no pass of its own (none where the term is off:
+        the step is then ``grad`` itself, not a copy, for the caller to read and not change).
         A program whose step is more than gradient + term measures with :func:`distance_sq`."""
         active = self.active_for(worker, payload)
         term = self.rule.term(self.host.weights, grad, self.state, worker, active=active)
-        size = 0.0 if term is None else float(term.norm()) ** 2
+        if term is None:  # the step is the gradient: read where it lies, not copied (on_push scales a copy)
+            return grad, 0.0
+        size = float(term.norm()) ** 2
         return self.rule.joined(term, grad, self.state), size
 
     def computed_at(self, worker, payload) -> int:
@@ -223,15 +226,16 @@ class DCProgram(MailboxProgram):
                 predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
                 predictor.load_state_dict(saved)
 
-    def on_push(self, worker, grad, payload) -> None:
+    def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         staleness = self.staleness(worker)
         step, compensation_sq = self.compensated_and_size(worker, grad, payload)
-        grad_norm = float(grad.norm())
+        if grad_norm is None:
+            grad_norm = float(grad.norm())
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         if self.push_clip is not None:
             scale = self.push_clip.scale(grad_norm)
-            if scale < 1.0:
-                step.mul_(scale)  # (the rule's scratch: ours to change)
+            if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
+                step = torch.mul(step, scale, out=scratch(self.state, grad, 1)[0])
         kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]
         if self.lookahead is not None:
             self.lookahead.remove(buffer)

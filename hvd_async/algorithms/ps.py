@@ -34,7 +34,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from ..checks import all_finite
+from ..checks import norm_if_finite
 from ..horovod_options import compression_name
 from ..rules import SGDRule
 from ..transport import window as W
@@ -378,14 +378,15 @@ class MailboxProgram(W.ServerProgram):
         if kind is W.Kind.PUSH:
             self.active.add(worker)
             grad = self.host.inbox[worker]
-            if not all_finite([grad]):
+            grad_norm = norm_if_finite(grad)  # (the check and the norm a program reports, in one pass)
+            if grad_norm is None:
                 self.host.skipped_nonfinite += 1
                 logger.warning("server %d: non-finite gradient from worker %d skipped (%d so far)",
                                self.host.shard, worker, self.host.skipped_nonfinite)
                 self.snapshot(worker)
                 self.host.answer(worker, 0, W.Status.SKIPPED)
                 return
-            self.on_push(worker, grad, request.payload)
+            self.on_push(worker, grad, request.payload, grad_norm)
         elif kind is W.Kind.PULL:
             self.snapshot(worker)
             self.host.answer(worker, 0, W.Status.SNAPSHOT)
@@ -409,7 +410,8 @@ class MailboxProgram(W.ServerProgram):
         return {"lr": float(payload[F_LR]), "momentum": float(payload[F_MOMENTUM]),
                 "weight_decay": float(payload[F_WEIGHT_DECAY]), "nesterov": bool(payload[F_NESTEROV])}
 
-    def on_push(self, worker, grad, payload) -> None:
+    def on_push(self, worker, grad, payload, grad_norm: Optional[float] = None) -> None:
+        """A finite gradient from ``worker`` (``grad_norm``: its 2-norm, where the caller has it)."""
         raise NotImplementedError
 
     def on_leave(self, worker) -> None:

@@ -125,7 +125,7 @@ class SoftSyncProgram(MailboxProgram):
         use = lookahead and self.momentum is not None and self.outbox_on_push
         self.lookahead = Lookahead(host.weights) if use else None
 
-    def on_push(self, worker, grad, payload) -> None:
+    def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         self.pending.append((worker, payload))
         self.maybe_apply()
 

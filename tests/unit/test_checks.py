@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hvd_async.algorithms.ssgd import device_flag
-from hvd_async.checks import all_finite, all_finite_fused, finite_in_fp16
+from hvd_async.checks import all_finite, all_finite_fused, finite_in_fp16, norm_if_finite
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -64,3 +64,16 @@ def test_the_fused_norm_falls_back_to_the_exact_check_on_overflow():
     big = torch.full((4,), 3.0e38)  # the norm overflows; every element is finite
     assert bool(torch.isinf(torch.nn.utils.get_total_norm([big], 2.0)))
     assert all_finite_fused([big, big.clone()], foreach=False)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_norm_if_finite_is_none_for_a_non_finite_element_and_the_norm_otherwise(bad):
+    grad = torch.arange(1000, dtype=torch.float32) / 1000
+    assert norm_if_finite(grad) == pytest.approx(float(grad.double().norm()), rel=1e-6)
+    grad[517] = bad
+    assert norm_if_finite(grad) is None
+
+
+def test_norm_if_finite_keeps_finite_values_whose_squares_overflow():
+    grad = torch.full((4,), 3e38)  # finite, but the norm's squares overflow fp32
+    assert norm_if_finite(grad) == float("inf")

@@ -169,8 +169,10 @@ def test_dc_program_clips_the_pushed_step_and_checkpoints_the_mean():
         for m in (0, 1):
             program.on_push(m, torch.ones(16), payload)
         before = host.weights.clone()
-        program.on_push(0, torch.full((16,), 40.0), payload)  # 40 times the others' norm
+        pushed = torch.full((16,), 40.0)  # 40 times the others' norm
+        program.on_push(0, pushed, payload)
         moves[push_clip] = float((host.weights - before).norm())
+        assert torch.equal(pushed, torch.full((16,), 40.0))  # scaled in a copy: the inbox slot is read only
     assert moves[0.0] == pytest.approx(0.1 * 40.0 * 4.0)  # --push-clip 0: the step as it came
     assert moves[1.5] == pytest.approx(0.1 * 1.5 * 4.0)  # scaled to 1.5 x the running mean norm (4)
     state = program.state_dict()

@@ -153,3 +153,23 @@ def test_lookahead_sum_is_rebuilt_from_a_state_dict():
     for program in (first, second):
         push(program, 3, torch.ones(N))
     torch.testing.assert_close(second.host.outbox[3], first.host.outbox[3], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("make", [lambda host: DCProgram(host, lam=0.5, adaptive=True, ms_momentum=0.95),
+                                  lambda host: SoftSyncProgram(host, n=WORKERS, staleness_lr=False)],
+                         ids=["dc-asgd", "softsync"])
+def test_a_server_skips_a_non_finite_gradient_and_applies_the_next(make, bad):
+    """The servers' own check (a worker that skipped its check, or a flipped bit on the way): the
+    push is answered SKIPPED and leaves the weights as they were; a finite push then applies."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(3))
+    program = make(FakeHost(w0))
+    poisoned = torch.ones(N)
+    poisoned[4] = bad
+    push(program, 0, poisoned)
+    assert program.host.skipped_nonfinite == 1
+    assert program.host.answers[-1][2] is W.Status.SKIPPED
+    assert torch.equal(program.host.weights, w0)
+    push(program, 0, torch.ones(N))
+    assert program.host.answers[-1][2] is W.Status.APPLIED
+    assert torch.isfinite(program.host.weights).all() and not torch.equal(program.host.weights, w0)
