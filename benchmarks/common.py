@@ -87,6 +87,18 @@ def add_spin_yield(p: argparse.ArgumentParser) -> None:
                         "where the node is oversubscribed)")
 
 
+def add_slots(p: argparse.ArgumentParser) -> None:
+    """``--slots``: ranks per netns host (``--mode netns``; 1 puts every rank on a host of its own, so
+    every push crosses a link). :func:`use_slots` passes it on to the cluster's hostfile."""
+    p.add_argument("--slots", type=int, default=2, help="ranks per netns host (--mode netns; 1: every rank "
+                                                          "on a host of its own)")
+
+
+def use_slots(args) -> None:
+    """Before ``launch_mode``: the netns hosts' slots from ``--slots`` (:func:`add_slots`)."""
+    os.environ["NETNS_SLOTS"] = str(args.slots)
+
+
 def dc_pushes(numel: int):
     """What ``fp16_push.py`` and ``push_phases.py`` time, on a worker: ``(grad, out, header,
     transports)``, a dc-asgd push of ``numel`` fp32 elements (plain SGD on the server, no compensation)

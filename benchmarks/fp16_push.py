@@ -14,6 +14,7 @@ plot to benchmarks/results/.
     python benchmarks/fp16_push.py --mode no-shm   # one node, TCP only (how nodes talk)
     python benchmarks/fp16_push.py --mode netns    # 3 hosts of ../shared/tools/netns-cluster: bytes cost
     python benchmarks/fp16_push.py --mode netns --link-mbit 1000   # their links as 1 Gbit/s Ethernet
+    python benchmarks/fp16_push.py --mode netns --slots 1 --link-mbit 1000   # every rank on a host of its own
 
 ``--poll-us`` / ``--spin-ms`` / ``--spin-yield`` set the server's progress policy (``ha.serve``'s
 ``poll_interval``, ``spin_seconds`` and ``spin_yield``); the default is ``ha.serve()``'s own.
@@ -24,8 +25,8 @@ import statistics
 import sys
 import time
 
-from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_spin_yield, dc_pushes, launch_mode, parse_size, pyplot,
-                    save, spread, under_mpirun)
+from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_slots, add_spin_yield, dc_pushes, launch_mode,
+                    parse_size, pyplot, save, spread, under_mpirun, use_slots)
 
 SIZES = ["1MB", "4MB", "16MB"]
 CHECK_REPS = 20  # checks per timed block
@@ -44,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--spin-ms", type=float, default=None,
                    help="how long the server turns without sleeping after a request, ms (default: ha.serve()'s)")
     add_spin_yield(p)
+    add_slots(p)
     p.add_argument("--link-mbit", type=float, default=None,
                    help="--mode netns: limit each host's link to this many Mbit/s (tc tbf), as a slower network")
     p.add_argument("--out", default=None, help="JSON path (default: results/fp16_push_<mode>.json)")
@@ -56,6 +58,8 @@ def parse_args(argv=None):
         p.error(f"--np must be >= 2 (one server and at least one worker), got {args.np}")
     if args.link_mbit is not None and not (args.mode == "netns" and args.link_mbit > 0):
         p.error(f"--link-mbit {args.link_mbit:g}: give a rate > 0, with --mode netns (the links it limits)")
+    if args.slots < 1:
+        p.error(f"--slots must be >= 1, got {args.slots}")
     if args.blocks < 1 or not args.seconds > 0:
         p.error(f"--blocks must be >= 1 and --seconds > 0, got {args.blocks} and {args.seconds}")
     args.out = args.out or os.path.join(HERE, "results", f"fp16_push_{args.mode}.json")
@@ -111,7 +115,8 @@ def bench(args) -> int:
         summary = {"benchmark": "fp16_push", "mode": args.mode, "np": workers.size + 1, "algorithm": "dc-asgd",
                    "target": "fp16/fp32 <= 0.55 from 4 MB up (issue 19)", "server_poll_us": args.poll_us,
                    "server_spin_ms": args.spin_ms, "server_spin_yield": args.spin_yield,
-                   "link_mbit": args.link_mbit, "rows": rows}
+                   "link_mbit": args.link_mbit, "slots_per_host": args.slots if args.mode == "netns" else None,
+                   "rows": rows}
         save(summary, args.out, plot)
     return 0
 
@@ -153,6 +158,7 @@ def plot(summary, path):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not under_mpirun():
+        use_slots(args)
         return launch_mode(__file__, args.np, args.mode, link_mbit=args.link_mbit)
     return bench(args)
 

@@ -26,8 +26,8 @@ import sys
 import time
 from collections import defaultdict
 
-from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_spin_yield, dc_pushes, launch_mode, parse_size,
-                    under_mpirun, write_record)
+from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_slots, add_spin_yield, dc_pushes, launch_mode,
+                    parse_size, under_mpirun, use_slots, write_record)
 
 PARTS = ("put", "request", "answer", "weights", "rest")
 CALLS = {"inbox.Put": "put", "inbox.Flush_all": "put", "comm.Send": "request", "comm.Irecv": "request",
@@ -39,7 +39,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--mode", choices=MODES, default="netns", help=MODES_HELP)
     p.add_argument("--np", type=int, default=2, help="MPI ranks: 1 server + np-1 workers")
-    p.add_argument("--slots", type=int, default=2, help="ranks per netns host (--mode netns)")
+    add_slots(p)
     p.add_argument("--sizes", default="4MB,16MB", help="comma-separated fp32 buffer sizes")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (fp32, fp16) per size")
     p.add_argument("--pushes", type=int, default=5, help="pushes per block")
@@ -170,7 +170,7 @@ PART_HELP = {"put": "the gradient's Put and the Flush_all until it landed",
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not under_mpirun():
-        os.environ["NETNS_SLOTS"] = str(args.slots)
+        use_slots(args)
         return launch_mode(__file__, args.np, args.mode)
     return bench(args)
 
