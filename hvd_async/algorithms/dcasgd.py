@@ -149,6 +149,8 @@ def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
 
 
 class DCProgram(MailboxProgram):
+    uses_grad_norm = True  # (the workers' stats and the push clip read it)
+
     def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False, compensate="always", push_clip=0.0):
         super().__init__(host)
         self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum), lookahead, compensate, push_clip)
