@@ -17,11 +17,11 @@ if os.environ.get("FAULT") == "1":  # an injected fault in the server loop, on t
 
     original, calls = dcasgd.DCProgram.on_push, []
 
-    def failing(self, worker, grad, header):
+    def failing(self, worker, grad, header, *more):
         calls.append(worker)
         if len(calls) == 3:
             raise RuntimeError("injected fault in the server program")
-        return original(self, worker, grad, header)
+        return original(self, worker, grad, header, *more)
 
     dcasgd.DCProgram.on_push = failing
 
