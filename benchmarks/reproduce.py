@@ -269,6 +269,18 @@ DELAYS = {"fixed, lr 0.1": dict(FIXED, lr=0.1), "variable, lr 0.1": dict(VARIABL
           "fixed, lr 0.03": dict(FIXED, lr=0.03), "variable, lr 0.03": dict(VARIABLE, lr=0.03)}
 
 
+def compensation_defaults() -> str:
+    """The settings line's words for the delay compensation dc-asgd and lc-asgd run with: the library's
+    defaults, read from their options (lc-asgd's was a constant 0.04 until it took dc-asgd's)."""
+    from hvd_async.algorithms.dcasgd import DCASGDOptions
+    from hvd_async.algorithms.lcasgd import LCASGDOptions
+
+    def words(options):
+        return f"{'adaptive' if options.adaptive else 'constant'}, {options.lam:g}"
+
+    return f"the defaults (dc-asgd: {words(DCASGDOptions())}; lc-asgd: {words(LCASGDOptions())})"
+
+
 def compensation(args, dataset="digits") -> dict:
     teacher = dataset == "teacher"
     if teacher:  # one condition, to keep the time down
@@ -340,7 +352,7 @@ def compensation(args, dataset="digits") -> dict:
                        f"{acc['lc-asgd'][most] - acc['dc-asgd'][most]:+.3f}")]
     settings = {"workers": workers, "counted in the checks": counted, "delays": {d: DELAYS[d] for d in delays},
                 "epochs": epochs, "seeds": seeds(args), "momentum": 0.0, "compute_ms": 10.0,
-                "lam": "the defaults (dc-asgd: adaptive, 2.0; lc-asgd: 0.04)",
+                "lam": compensation_defaults(),
                 "push rate": "full (each push applies its whole step, as in the papers: every count makes the "
                              "same progress per epoch, and the staleness grows with the workers)"}
     if not teacher:

@@ -18,6 +18,7 @@ from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxP
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
+LAM_DEFAULT, ADAPTIVE_DEFAULT = 2.0, True  # dc-asgd's compensation; lc-asgd's too (its docstring)
 MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
 PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm exceeds this factor times the "
                   "running mean of the pushes' gradient norms (decay 0.9), to that bound: a push out of "
@@ -30,8 +31,8 @@ COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose 
 
 @dataclass
 class DCASGDOptions:
-    lam: float = option(2.0, LAM_HELP, flag="--lam")
-    adaptive: bool = option(True, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
+    lam: float = option(LAM_DEFAULT, LAM_HELP, flag="--lam")
+    adaptive: bool = option(ADAPTIVE_DEFAULT, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
     ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
     compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
                               "servers keep fp32 weights and arithmetic)")

@@ -229,6 +229,27 @@ def test_without_loss_term_it_is_dc_asgd_exactly(adaptive):
     assert s_lc["predictors"] == {} and s_lc["scale_sum"] == s_lc["scale_calls"] == 6
 
 
+def test_at_the_algorithms_defaults_without_loss_term_lc_asgd_steps_as_dc_asgd():
+    """lc-asgd's options default to dc-asgd's compensation (lam, adaptive, ms_momentum): switching
+    the loss term off gives dc-asgd's default step, as the docs say."""
+    from hvd_async.algorithms.dcasgd import DCASGDOptions
+    from hvd_async.algorithms.lcasgd import LCASGDOptions
+
+    dc_options = DCASGDOptions()
+    lc = LCRule(**LCASGDOptions(loss_term=False).rule_options())
+    dc = DCRule(dc_options.lam, adaptive=dc_options.adaptive, ms_momentum=dc_options.ms_momentum)
+    w, backups, grads = _setup()
+    s_lc, s_dc = lc.init(w), dc.init(w)
+    s_lc["backup"], s_dc["backup"] = dict(backups), dict(backups)
+    w_lc, w_dc, w_sgd, s_sgd = w.clone(), w.clone(), w.clone(), {}
+    for i, g in enumerate(grads):
+        lc.apply_(w_lc, g, s_lc, lr=0.1, worker=i % 2, momentum=0.9, loss=1.1, version_now=20)
+        dc.apply_(w_dc, g, s_dc, lr=0.1, worker=i % 2, momentum=0.9)
+        SGDRule().apply_(w_sgd, g, s_sgd, lr=0.1, momentum=0.9)
+        assert torch.equal(w_lc, w_dc)
+    assert not torch.allclose(w_dc, w_sgd)  # the compensation acted: the comparison is not trivially equal
+
+
 def test_without_loss_term_and_lam_zero_it_is_sgd():
     w, backups, grads = _setup()
     rule, a, b, s_sgd = LCRule(0.0, loss_term=False), w.clone(), w.clone(), {}
