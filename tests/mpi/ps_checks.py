@@ -172,7 +172,8 @@ def lc_formula():
     # worker m's k-th report: a decaying curve of its own (m shifts its level and its rate)
     losses = [(1 + (t % workers)) * float(np.exp(-0.15 * (1 + t % workers) * (t // workers))) + 0.1
               for t in range(rounds * workers)]
-    got = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, min_history=2)
+    got = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, adaptive=False,
+               min_history=2)
 
     def replay(pooled):
         w = init.double().numpy().copy()
@@ -199,7 +200,8 @@ def lc_formula():
         pooled = np.abs(got.double().numpy() - replay(pooled=True)).max()
         check(pooled > 10 * max(err, 1e-6), f"lc-asgd: a pooled-history replay is as close ({pooled:.2e})")
     dc = _run("dc-asgd", init, grads, lr=lr, rounds=rounds, lam=lam, adaptive=False)
-    off = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, loss_term=False)
+    off = _run("lc-asgd", init, grads, lr=lr, rounds=rounds, losses=losses, lam=lam, adaptive=False,
+               loss_term=False)
     check(torch.equal(off, dc), f"lc-asgd without the loss term != dc-asgd: {(off - dc).abs().max()}")
     check(workers == 1 or not torch.equal(got, dc), "lc-asgd's loss term changed nothing")
 
