@@ -18,7 +18,8 @@ from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxP
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
-LAM_DEFAULT, ADAPTIVE_DEFAULT = 2.0, True  # dc-asgd's compensation; lc-asgd's too (its docstring)
+# dc-asgd's compensation defaults; lc-asgd's too (its docstring)
+LAM_DEFAULT, ADAPTIVE_DEFAULT, MS_MOMENTUM_DEFAULT = 2.0, True, 0.95
 MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
 PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm exceeds this factor times the "
                   "running mean of the pushes' gradient norms (decay 0.9), to that bound: a push out of "
@@ -33,7 +34,7 @@ COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose 
 class DCASGDOptions:
     lam: float = option(LAM_DEFAULT, LAM_HELP, flag="--lam")
     adaptive: bool = option(ADAPTIVE_DEFAULT, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
-    ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
+    ms_momentum: float = option(MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP, flag="--ms-momentum")
     compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
                               "servers keep fp32 weights and arithmetic)")
     push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)

@@ -9,8 +9,8 @@ from ..horovod_options import compression_name
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .dcasgd import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_HELP, PUSH_CLIP_HELP, DCASGD,
-                     _check_dc_numbers, DCProgram, check_push_clip, distance_sq)
+from .dcasgd import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP,
+                     PUSH_CLIP_HELP, DCASGD, _check_dc_numbers, DCProgram, check_push_clip, distance_sq)
 from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
@@ -18,7 +18,7 @@ from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgr
 class LCASGDOptions:
     lam: float = option(LAM_DEFAULT, LAM_HELP, flag="--lam")
     adaptive: bool = option(ADAPTIVE_DEFAULT, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
-    ms_momentum: float = option(0.95, MS_MOMENTUM_HELP, flag="--ms-momentum")
+    ms_momentum: float = option(MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP, flag="--ms-momentum")
     loss_term: bool = option(True, "switch the loss-prediction term off (then it is dc-asgd)",
                              flag="--no-loss-term", action="store_false")
     predictor: str = option("linear", "the servers' per-worker loss predictor (a weighted log-linear fit, or "
