@@ -9,6 +9,7 @@ the packages are missing (``make test`` installs them) or the machine is not roo
 (``CI=true``) that reason is a failure.
 """
 import os
+import random
 import re
 import shutil
 import signal
@@ -39,17 +40,29 @@ def _which(name: str):
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list:
+    """n distinct ports free now, below Linux's ephemeral range (32768 up): a port the kernel hands out
+    for bind(0) is one it may give to an outgoing connection before the daemon binds it (CI once saw
+    slurmd's port taken that way)."""
+    ports = []
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"no {n} free ports in 20000-32000")
 
 
 def _conf(d: str, host: str) -> str:
+    ctld_port, slurmd_port = _free_ports(2)
     return "\n".join([
         "ClusterName=hvdci", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={d}/munge.sock",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}",
         f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool",
         f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd.pid",
         f"SlurmctldLogFile={d}/slurmctld.log", f"SlurmdLogFile={d}/slurmd.log",
