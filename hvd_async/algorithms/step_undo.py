@@ -55,8 +55,8 @@ class StepUndo:
         if key != self._key:
             self._views = {}
             for t in targets:
-                bits = _BITS[t.element_size()]
-                self._views.setdefault(bits, []).append(t.detach().view(bits))
+                bits, view = _bit_view(t)
+                self._views.setdefault(bits, []).append(view)
             self._key = key
         return Plan(entries)
 
@@ -78,6 +78,16 @@ class StepUndo:
         if changed and bool(found):  # the step made or replaced state: one host read decides
             for p in changed:
                 optimizer.state[p] = plan.entries[p]
+
+
+def _bit_view(t: torch.Tensor):
+    """(integer dtype, ``t``'s bits as a view of that dtype); a 16-byte complex (complex128) as pairs of
+    int64, its real and imaginary parts."""
+    t = t.detach()
+    if t.element_size() == 16 and t.is_complex():
+        t = torch.view_as_real(t)
+    bits = _BITS[t.element_size()]
+    return bits, t.view(bits)
 
 
 def _changed(state: dict, before: dict) -> bool:

@@ -178,6 +178,38 @@ def test_undo_declines_state_off_the_device_and_numbers():
     assert StepUndo().plan(opt, p.device) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.float64, torch.float16])
+@pytest.mark.parametrize("found", [1.0, 0.0])
+def test_undo_covers_every_element_size(dtype, found):
+    """complex128 (16 bytes an element, undone as int64 pairs) as the others: undone, the parameter and
+    its momentum are back bit for bit; kept, the step stands as without the undo."""
+    from hvd_async.algorithms.step_undo import StepUndo
+
+    def setup():
+        torch.manual_seed(0)
+        p = nn.Parameter(torch.randn(5, dtype=dtype))
+        opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+        p.grad = torch.ones(5, dtype=dtype)
+        opt.step()
+        p.grad = torch.full((5,), 2.0, dtype=dtype)
+        return p, opt
+
+    p, opt = setup()
+    before = [p.detach().clone(), opt.state[p]["momentum_buffer"].clone()]
+    undo = StepUndo()
+    plan = undo.plan(opt, p.device)
+    undo.copy(plan, torch.tensor(found))
+    opt.step()
+    undo.undo(opt, plan, torch.tensor(found))
+    if found:
+        assert torch.equal(p, before[0]) and torch.equal(opt.state[p]["momentum_buffer"], before[1])
+    else:
+        rp, ropt = setup()
+        ropt.step()
+        assert torch.equal(p, rp) and not torch.equal(p, before[0])
+        assert torch.equal(opt.state[p]["momentum_buffer"], ropt.state[rp]["momentum_buffer"])
+
+
 def test_undo_follows_tensors_replaced_between_steps():
     """After ``load_state_dict`` (new momentum tensors) and ``p.data = ...`` (the same parameter, new
     storage) the undo restores the tensors the step changed, not the ones it saw the step before."""
