@@ -60,7 +60,6 @@ class LocalSGD(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self.params = [p for _, p in named_parameters]
         self.averagings = 0
-        self.skipped = 0
 
     def begin(self) -> None:
         """Every worker starts from worker 0's weights."""
@@ -75,7 +74,7 @@ class LocalSGD(Strategy):
         if all(bool(torch.isfinite(g).all()) for g in grads):
             self.optimizer.step()
         else:
-            self.skipped += 1
+            self.skipped_nonfinite += 1  # (Strategy's count: --max-nonfinite stops the job on it)
         self.steps += 1
         if self.steps % self.options.period == 0:
             self.load_global_model()
@@ -94,14 +93,14 @@ class LocalSGD(Strategy):
 
     def stats(self):
         return {"staleness_mean": 0.0, "staleness_max": 0, "averagings": self.averagings,
-                "skipped_nonfinite": self.skipped}
+                "skipped_nonfinite": self.skipped_nonfinite}
 
     def state_dict(self):
-        return {"steps": self.steps, "averagings": self.averagings, "skipped_nonfinite": self.skipped}
+        return {"steps": self.steps, "averagings": self.averagings, "skipped_nonfinite": self.skipped_nonfinite}
 
     def load_state_dict(self, state) -> None:
         self.steps, self.averagings = int(state["steps"]), int(state["averagings"])
-        self.skipped = int(state.get("skipped_nonfinite", 0))
+        self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
 
 
 def register() -> None:

@@ -230,7 +230,7 @@ class WorkerLoop:
             acc.steps += 1
             acc.epoch_steps += 1
             acc.epoch_samples += len(y)
-            skipped = getattr(opt.strategy, "skipped_nonfinite", 0)
+            skipped = opt.strategy.skipped_nonfinite
             acc.streak = acc.streak + 1 if skipped > acc.skipped_seen else 0
             acc.skipped_seen = skipped
             if bar is not None:

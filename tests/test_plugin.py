@@ -13,6 +13,7 @@ from procs import ROOT, mpirun, python, run
 from hvd_async import config, registry
 from hvd_async.algorithms.base import Strategy
 from hvd_async.sim import simulate
+from hvd_async.train import TrainingStopped
 
 PLUGIN = os.path.join(ROOT, "examples", "local_sgd.py")
 PRESET = os.path.join(ROOT, "examples", "local_sgd.yaml")
@@ -78,6 +79,14 @@ def test_plugin_in_the_simulator_is_ssgd_at_period_one():
     assert one["history"][-1]["train_loss"] == pytest.approx(ssgd["history"][-1]["train_loss"], abs=1e-5)
     assert one["final_test_accuracy"] == pytest.approx(ssgd["final_test_accuracy"], abs=1 / 360)
     assert abs(four["history"][-1]["train_loss"] - one["history"][-1]["train_loss"]) > 1e-3
+
+
+def test_plugin_skips_count_towards_max_nonfinite():
+    """The plugin counts its skipped steps in Strategy's ``skipped_nonfinite``: at --lr 1e30 every
+    gradient after the first step is non-finite, and --max-nonfinite 5 stops the run (it ran to the end)."""
+    with pytest.raises(TrainingStopped, match=r"5 gradients in a row held NaN or infinity.*--max-nonfinite 5"):
+        _sim("--algo", "local-sgd", "--lr", "1e30", "--max-nonfinite", "5")
+    assert Strategy.skipped_nonfinite == 0, "the base class declares the count every strategy keeps"
 
 
 def test_bad_plugins_get_one_line():

@@ -27,6 +27,9 @@ class Strategy(abc.ABC):
     name: str = "strategy"
     Options: type = None
     peer_windows = False  # exchanges through one-sided windows among the workers (the simulator's cue)
+    # Steps whose gradients held NaN or infinity and were therefore not applied, counted by the strategy
+    # (``self.skipped_nonfinite += 1``): the training job stops after ``--max-nonfinite`` in a row.
+    skipped_nonfinite: int = 0
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: List[Tuple[str, torch.Tensor]],
                  transport, options):
