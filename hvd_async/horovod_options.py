@@ -38,6 +38,10 @@ class HorovodOptions:
             raise ValueError(f"sparse_as_dense must be True or False, got {self.sparse_as_dense!r}")
         self.compression = compression_name(self.compression)
         self.op = op_name(self.op)
+        if f != 1.0 and self.op != "average":  # Horovod's own check, in its words
+            raise ValueError(f"gradient_predivide_factor not supported with op != Average (got "
+                             f"gradient_predivide_factor={f!r}, op={self.op!r}); leave the factor at 1.0 "
+                             f"with op=hvd.Sum")
         if self.process_set is not None and getattr(self.process_set, "process_set_id", None) != 0:
             raise ValueError(f"process_set={self.process_set!r}: hvd_async exchanges among all workers; "
                              f"pass hvd.global_process_set or leave it out")

@@ -2,6 +2,7 @@
 import dataclasses
 import logging
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -34,6 +35,13 @@ def _where_supported() -> Dict[str, List[str]]:
         for name in _supported(registry.strategy_class(algorithm)) & set(table):
             table[name].append(algorithm)
     return table
+
+
+# Horovod's words (horovod/torch/optimizer.py, 0.28.1), so that filters and tests written for Horovod match.
+STEP_AFTER_SYNCHRONIZE = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                          "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                          "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                          "your code.")
 
 
 def _called_by_horovod_state_broadcast() -> bool:
@@ -71,7 +79,10 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
         raise ValueError(f"named_parameters does not name {len(unnamed)} of the optimizer's parameters "
                          f"(positions {unnamed[:5]}); pass the model's named_parameters()")
     in_optimizer = {id(p) for p in params}
-    return [(name, p) for name, p in named if id(p) in in_optimizer]
+    # A tensor named twice (tied weights, named_parameters(remove_duplicate=False)) is exchanged once,
+    # under the last of its names in sorted order, as Horovod's ``{p: name for name, p in sorted(...)}``.
+    last_name = {id(p): name for name, p in sorted(named, key=lambda item: item[0])}
+    return [(name, p) for name, p in named if id(p) in in_optimizer and last_name[id(p)] == name]
 
 
 def _check_same_model(named, allgather) -> None:
@@ -167,8 +178,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             self.strategy = strategy_cls(optimizer, named, transport, parsed)
         except BaseException:
+            # Not closed here: closing waits for the other workers, which built theirs and wait for
+            # this one at the first step; the error goes up first (uncaught, it ends the job with its
+            # traceback), and the exit hook closes the transport if the script goes on.
             if own_transport:
-                transport.close()
+                runtime._register_transport(transport)
             raise
         self._own_transport = own_transport
         if own_transport:  # one this optimizer built: closed at shutdown if the script never closes it
@@ -208,14 +222,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the parameter-server algorithms send with the push (lc-asgd needs it)."""
         if _called_by_horovod_state_broadcast():
             return self.strategy.init_optimizer_state()
+        if self._should_synchronize and self._synchronized:  # once per such step, as Horovod
+            warnings.warn(STEP_AFTER_SYNCHRONIZE, stacklevel=2)
+        self._synchronized = False
         self.begin()
         if self.horovod_options.sparse_as_dense and self.algorithm != "ssgd":  # (ssgd: in its hooks)
             for group in self.optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None and p.grad.is_sparse:
                         p.grad = p.grad.to_dense()
-        if loss is not None:
-            self.strategy.reported_loss = float(loss)
+        if loss is not None:  # (a loss that requires grad is read detached, as the caller's own .item())
+            self.strategy.reported_loss = float(loss.detach() if torch.is_tensor(loss) else loss)
         return self.strategy.step(closure)
 
     def synchronize(self) -> None:
@@ -224,12 +241,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         local gradient already is final. Follow it with ``with opt.skip_synchronize(): opt.step()``.
         To give every worker the global weights, call :meth:`load_global_model`."""
         self.strategy.synchronize()
+        self._synchronized = True
+
+    _synchronized = False  # synchronize() was called since the last step() (Horovod's attribute)
+    _should_synchronize = True  # False inside skip_synchronize() (Horovod's attribute)
 
     @contextmanager
     def skip_synchronize(self):
         """Inside it, ``step()`` does not call ``synchronize()`` again (after an explicit one)."""
-        with self.strategy.skip_synchronize():
-            yield
+        self._should_synchronize = False
+        try:
+            with self.strategy.skip_synchronize():
+                yield
+        finally:
+            self._should_synchronize = True
 
     def load_global_model(self) -> None:
         """Collective over the workers: every worker's model becomes the global one (the servers'

@@ -9,7 +9,6 @@ workers submit the same collectives. With a single worker nothing is exchanged (
 fp16 compression does not round the gradients then).
 """
 import logging
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +102,6 @@ class SSGD(Strategy):
         self._flag = None  # (handle, tensor) of the step's flag allreduce
         self._exact_check = self.options.compression is not _compression(None) \
             or self.options.gradient_predivide_factor != 1.0  # (fp16 or scaling can overflow)
-        self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
         # With gradients on the GPU the check stays on the device, so nothing waits for the GPU
         # (resnet50, one worker, of Horovod: fused SGD 0.996 on an H100; unfused SGD undone 0.981, read
@@ -157,7 +155,6 @@ class SSGD(Strategy):
             if factor != 1.0:
                 p.grad.mul_(factor)
         self._handles.clear()
-        self._synchronized = True
 
     def _start_flag(self) -> None:
         """Reduce, with the step's gradients, whether this worker's screen tripped: a finite sum of
@@ -185,14 +182,8 @@ class SSGD(Strategy):
         return float(self.transport.synchronize(handle)[0]) > 0
 
     def step(self, closure=None):
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn("optimizer.step() after optimizer.synchronize() without the "
-                              "optimizer.skip_synchronize() context reduces the gradients a second "
-                              "time (slower); step inside 'with optimizer.skip_synchronize():'",
-                              stacklevel=3)
+        if self._should_synchronize:  # (a step after the user's synchronize(): the wrapper warns)
             self.synchronize()
-        self._synchronized = False
         self.steps += 1
         if closure is not None:
             self._flagged()  # (drained: a closure recomputes the loss, the check is skipped as before)

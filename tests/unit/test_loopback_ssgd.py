@@ -133,3 +133,44 @@ def test_ssgd_never_applies_a_non_finite_average(bad, applied):
         moved = any(not torch.equal(w, s) for w, s in zip(weights, start))
         assert moved == applied and skipped == (0 if applied else 1), (rank, moved, skipped)
         assert all(bool(torch.isfinite(w).all()) for w in weights)
+
+
+def test_ssgd_trains_a_tensor_named_twice_once_as_horovod():
+    """Tied weights passed under both names (``named_parameters(remove_duplicate=False)``): one hook and
+    one allreduce for the tensor (Horovod de-duplicates), the weights those of the run naming it once."""
+    def tied():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 5))
+        model[2].weight = model[0].weight
+        return model
+
+    finals = {}
+
+    def run(remove_duplicate):
+        group = LoopbackGroup(2)
+        models = [tied() for _ in range(2)]
+
+        def worker(rank):
+            model = models[rank]
+            named = list(model.named_parameters(remove_duplicate=remove_duplicate))
+            opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=named,
+                                       algorithm="ssgd", transport=group.transport(rank))
+            for step in range(STEPS):
+                x, y = _data(rank, step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            if not remove_duplicate:  # Horovod's choice: the last name in sorted order
+                assert sorted(opt._parameter_names.values()) == ["0.bias", "2.bias", "2.weight"]
+            finals[(remove_duplicate, rank)] = [p.detach().clone() for p in model.parameters()]
+
+        _run_workers(worker, workers=2)
+
+    run(remove_duplicate=False)
+    run(remove_duplicate=True)
+    start = list(tied().parameters())
+    for rank in range(2):
+        got, want = finals[(False, rank)], finals[(True, 0)]
+        assert not torch.equal(got[0], start[0]), "the tied weight did not train"
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)

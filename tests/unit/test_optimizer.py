@@ -1,4 +1,6 @@
 """DistributedOptimizer in one process: argument checks, forwarding to the wrapped optimizer, state_dict."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -63,6 +65,8 @@ def test_state_dict_is_torchs_and_the_algorithm_state_round_trips_apart():
     ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be an integer >= 1, got 0"),
     ({"compression": "int4"}, ValueError, "compression must be 'none', 'fp16'"),
     ({"op": "max"}, ValueError, "op must be 'average' or 'sum'"),
+    ({"op": "sum", "gradient_predivide_factor": 2.0}, ValueError,  # Horovod's check and words
+     "gradient_predivide_factor not supported with op != Average"),
     ({"lam": 0.1}, TypeError, "unknown option\\(s\\) 'lam' for algorithm 'ssgd'; accepted: backward_passes_per_step"),
 ])
 def test_bad_options_say_what_is_accepted(kwargs, error, match):
@@ -90,3 +94,50 @@ def test_needs_init_without_explicit_transport():
     with pytest.raises(RuntimeError, match=r"call hvd_async.init\(\) first"):
         DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                              named_parameters=model.named_parameters())
+
+
+def test_step_reads_a_loss_that_requires_grad_detached_without_a_warning():
+    model, opt = _setup()
+    loss = F.cross_entropy(model(torch.randn(3, 4)), torch.tensor([0, 1, 0]))
+    loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when a tensor that requires grad becomes a float
+        opt.step(loss=loss)
+    assert opt.strategy.reported_loss == float(loss.detach())
+
+
+def _horovods_step_warning() -> str:
+    """The text ``horovod.torch.DistributedOptimizer.step`` warns with after ``synchronize()`` (from its source)."""
+    import ast
+    import inspect
+
+    import horovod.torch.optimizer as hvd_optimizer
+
+    tree = ast.parse(inspect.getsource(hvd_optimizer._DistributedOptimizer))
+    step = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "step")
+    return next(node.args[0].value for node in ast.walk(step)
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "warn")
+
+
+@pytest.mark.parametrize("algorithm", ["ssgd", "hpsgd"])
+def test_step_after_synchronize_warns_horovods_text_once_per_such_step(algorithm):
+    """Horovod's text, once per step() that follows synchronize() outside skip_synchronize(); none for a
+    plain step or one inside the context."""
+    model, opt = _setup(algorithm=algorithm)
+
+    def warned(synchronize, skip):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(3, 4)), torch.tensor([0, 1, 0])).backward()
+        if synchronize:
+            opt.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if skip:
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+        return [str(w.message) for w in caught]
+
+    assert [warned(True, False) for _ in range(3)] == [[_horovods_step_warning()]] * 3
+    assert warned(True, True) == [] and warned(False, False) == [] and warned(False, True) == []
