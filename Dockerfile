@@ -6,7 +6,13 @@
 # tests/test_packaging.py checks that, and lints this file with hadolint (.hadolint.yaml).
 #
 #   docker build -t hvd_async .
-#   docker run --gpus all hvd_async hvd-async train --np 2 --epochs 2
+#   docker run --gpus all --ipc=host hvd_async hvd-async train --np 2 --epochs 2 --device auto
+#
+# --ipc=host (or --shm-size=16g where the host's IPC namespace is not to be shared): Docker gives a
+# container 64 MB of /dev/shm, and NCCL's shared-memory transport, UCX between the ranks (the
+# servers' windows) and torch's DataLoader workers need more (NCCL crashes in ncclShmOpen or with a
+# bus error when it runs out).
+# `hvd-async train` trains on the CPU unless told: --device auto (or cuda) takes the GPUs.
 #
 # Runs as the non-root user `hvd` (uid 1001; numeric, so Kubernetes' runAsNonRoot can check it). Clusters that start containers as the submitting user
 # (Slurm with enroot/pyxis or Apptainer) override it anyway; where a cluster needs root inside the

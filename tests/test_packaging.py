@@ -136,21 +136,129 @@ def test_launch_recipe_says_when_to_use_it(name):
     assert name in _read("launch", "README.md")
 
 
+def _fakes(tmp_path, **scripts):
+    """A PATH whose first folder holds the given commands (sh scripts); the environment without the
+    variables the recipes read, so that the caller's shell does not leak into what they print."""
+    for name, body in scripts.items():
+        fake = tmp_path / name
+        fake.write_text("#!/bin/sh\n" + body + "\n")
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL_", "UCX_", "OMPI_", "SLURM_", "HVD_ASYNC_"))
+           and k not in ("DEVICE", "PROGRAM", "MPI_ARGS", "HOSTS", "HOSTFILE", "PLACE")}
+    env["PATH"] = f"{tmp_path}:{os.environ['PATH']}"
+    return env
+
+
+ECHO = 'echo "$@"'
+OMPI_UCX = 'echo "                 MCA osc: sm (MCA v2.1.0)"; echo "                 MCA osc: ucx (MCA v2.1.0)"'
+OMPI_NO_UCX = 'echo "                 MCA osc: sm (MCA v2.1.0)"; echo "                 MCA osc: pt2pt (MCA v2.1.0)"'
+
+
+def _recipe(name, env, *args):
+    return subprocess.run(["bash", os.path.join(ROOT, "launch", name), *args], env=env, capture_output=True,
+                          text=True, timeout=30)
+
+
 def test_mpirun_recipe_maps_server_placement(tmp_path):
     # PLACE=spread|packed becomes --map-by node|slot (a fake mpirun on PATH prints its arguments)
-    fake = tmp_path / "mpirun"
-    fake.write_text("#!/bin/sh\necho \"$@\"\n")
-    fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", HOSTFILE="hosts", NP="6")
+    env = dict(_fakes(tmp_path, mpirun=ECHO, ompi_info=OMPI_UCX), HOSTFILE="hosts", NP="6")
     for place, mapping in (("spread", "--map-by node"), ("packed", "--map-by slot")):
-        out = subprocess.run(["bash", os.path.join(ROOT, "launch", "mpirun.sh"), "--algo", "asgd"],
-                             env=dict(env, PLACE=place), capture_output=True, text=True, timeout=30)
+        out = _recipe("mpirun.sh", dict(env, PLACE=place), "--algo", "asgd")
         assert out.returncode == 0, out.stderr
         assert mapping in out.stdout and "--mca osc ucx" in out.stdout, out.stdout
-        assert out.stdout.rstrip().endswith("python -m hvd_async.train --np 6 --algo asgd"), out.stdout
-    bad = subprocess.run(["bash", os.path.join(ROOT, "launch", "mpirun.sh")], env=dict(env, PLACE="x"),
-                         capture_output=True, text=True, timeout=30)
+        assert out.stdout.rstrip().endswith("python -m hvd_async.train --np 6 --device auto --algo asgd"), out.stdout
+    bad = _recipe("mpirun.sh", dict(env, PLACE="x"))
     assert bad.returncode == 2 and "PLACE must be spread or packed" in bad.stderr
+
+
+def test_mpirun_recipe_checks_ompi_info_before_osc_ucx(tmp_path):
+    # as slurm.sbatch does: --mca osc ucx only where ompi_info lists the component, a warning where
+    # it does not, nothing where the user chose with OMPI_MCA_osc
+    base = dict(HOSTFILE="hosts", NP="4")
+    out = _recipe("mpirun.sh", dict(_fakes(tmp_path, mpirun=ECHO, ompi_info=OMPI_UCX), **base))
+    assert out.returncode == 0 and "--mca osc ucx" in out.stdout and not out.stderr, (out.stdout, out.stderr)
+    env = dict(_fakes(tmp_path, mpirun=ECHO, ompi_info=OMPI_NO_UCX), **base)
+    out = _recipe("mpirun.sh", env)
+    assert out.returncode == 0 and "osc" not in out.stdout, out.stdout
+    assert "warning" in out.stderr and "MCA osc: ucx" in out.stderr and "multi-node" in out.stderr, out.stderr
+    out = _recipe("mpirun.sh", dict(_fakes(tmp_path, mpirun=ECHO, ompi_info=OMPI_UCX), OMPI_MCA_osc="rdma", **base))
+    assert out.returncode == 0 and "--mca osc" not in out.stdout and not out.stderr, (out.stdout, out.stderr)
+    assert "UCX_TLS" not in out.stdout  # UCX picks its transports unless told (InfiniBand)
+
+
+def test_shell_recipes_pass_the_device_and_nccl_environment(tmp_path):
+    env = dict(_fakes(tmp_path, mpirun=ECHO, horovodrun=ECHO, ompi_info=OMPI_UCX), HOSTFILE="hosts", NP="4")
+    for name in ("mpirun.sh", "horovodrun.sh"):
+        words = _recipe(name, env, "--epochs", "1").stdout.split()
+        assert words[words.index("--device") + 1] == "auto", (name, words)  # the GPU where one is visible
+        assert words.index("--device") < words.index("--epochs"), words  # a --device of the user's wins
+        words = _recipe(name, dict(env, DEVICE="cuda")).stdout.split()
+        assert words[words.index("--device") + 1] == "cuda", (name, words)  # refuses where no GPU is seen
+        out = _recipe(name, dict(env, PROGRAM="python train.py"), "--x")
+        assert out.stdout.rstrip().endswith("python train.py --x") and "--device" not in out.stdout, out.stdout
+    header = "\n".join(ln for ln in _read("launch", "mpirun.sh").splitlines() if ln.startswith("#"))
+    assert "--device" in header and "DEVICE=cuda" in header
+    # mpirun over ssh passes only what it is told: NCCL's variables (NCCL_DEBUG at WARN unless set), UCX's
+    out = _recipe("mpirun.sh", dict(env, NCCL_SOCKET_IFNAME="eth9", UCX_TLS="tcp,self"))
+    for name in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "UCX_TLS"):
+        assert f"-x {name} " in out.stdout, (name, out.stdout)
+    fake_env = tmp_path / "env_mpirun"
+    fake_env.write_text('#!/bin/sh\necho "NCCL_DEBUG=$NCCL_DEBUG"\n')
+    fake_env.chmod(0o755)
+    os.replace(fake_env, tmp_path / "mpirun")
+    assert _recipe("mpirun.sh", env).stdout.strip() == "NCCL_DEBUG=WARN"
+    assert _recipe("mpirun.sh", dict(env, NCCL_DEBUG="INFO")).stdout.strip() == "NCCL_DEBUG=INFO"
+
+
+def test_horovodrun_recipe_checks_ompi_info_and_forces_no_tcp(tmp_path):
+    env = dict(_fakes(tmp_path, horovodrun=ECHO, ompi_info=OMPI_UCX), NP="4")
+    out = _recipe("horovodrun.sh", env)
+    assert out.returncode == 0 and "--mpi-args=--mca osc ucx" in out.stdout and not out.stderr, out
+    assert "UCX_TLS" not in out.stdout
+    out = _recipe("horovodrun.sh", dict(_fakes(tmp_path, horovodrun=ECHO, ompi_info=OMPI_NO_UCX), NP="4"))
+    assert out.returncode == 0 and "--mpi-args" not in out.stdout and "MCA osc: ucx" in out.stderr, out
+
+
+SRUN_LISTS = {  # what `srun --mpi=list` prints (Slurm 23: stdout, tab-indented; older: stderr, "srun: ")
+    "pmix": 'printf "MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n\\tpmix\\nspecific pmix plugin versions '
+            'available: pmix_v4\\n"',
+    "pmi2": 'echo "srun: MPI types are..." >&2; echo "srun: none" >&2; echo "srun: pmi2" >&2',
+    "none": 'printf "MPI plugin types are...\\n\\tnone\\n\\tcray_shasta\\n"',
+}
+
+
+def _srun(listing: str) -> str:
+    return f'case "$1" in --mpi=list) {SRUN_LISTS[listing]} ;; *) echo "$@" ;; esac'
+
+
+def _sbatch_env(tmp_path, listing, **slurm):
+    env = dict(_fakes(tmp_path, srun=_srun(listing), ompi_info=OMPI_UCX), PYTHON="true", SLURM_NTASKS="10",
+               SLURM_JOB_ID="7", SLURM_TASKS_PER_NODE="5(x2)", SLURM_CPUS_ON_NODE="48")
+    env.update(slurm)
+    return env
+
+
+def test_slurm_recipe_picks_pmix_from_srun_and_cores_from_slurm(tmp_path):
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "pmix"), "--servers", "2")
+    assert out.returncode == 0 and not out.stderr, (out.stdout, out.stderr)
+    words = out.stdout.split()
+    assert words[0] == "--mpi=pmix" and "--cpus-per-task=9" in words, words  # 48 CPUs over 5 tasks
+    assert words[words.index("--device") + 1] == "auto" and words[-2:] == ["--servers", "2"], words
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "pmix", SLURM_CPUS_PER_TASK="3"))
+    assert "--cpus-per-task=3" in out.stdout.split(), out.stdout  # the user's --cpus-per-task wins
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "pmix", SLURM_TASKS_PER_NODE="6,4", SLURM_CPUS_ON_NODE="2"))
+    assert "--cpus-per-task=1" in out.stdout.split(), out.stdout  # never 0
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "pmi2"))
+    assert out.returncode == 0 and out.stdout.split()[0] == "--mpi=pmi2", out.stdout
+    assert "warning" in out.stderr and "PMIx" in out.stderr, out.stderr
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "none"))
+    assert out.returncode == 2 and not out.stdout, out.stdout
+    assert "srun --mpi=list" in out.stderr and "pmix" in out.stderr and "mpirun.sh" in out.stderr, out.stderr
+    out = _recipe("slurm.sbatch", _sbatch_env(tmp_path, "none", SLURM_MPI_TYPE="pmix_v4"))
+    assert out.returncode == 0 and "--mpi" not in out.stdout, out.stdout  # the user's SLURM_MPI_TYPE wins
+    directives = [ln.split()[1] for ln in _read("launch", "slurm.sbatch").splitlines() if ln.startswith("#SBATCH")]
+    assert "--exclusive" in directives and not any(d.startswith("--cpus-per-task") for d in directives), directives
 
 
 def test_kubeflow_manifest_matches_the_image():
@@ -175,3 +283,72 @@ def test_kubeflow_manifest_matches_the_image():
     assert job["spec"]["sshAuthMountPath"] == "/home/hvd/.ssh"
     assert worker["containers"][0]["command"][-1] == "/home/hvd/.sshd_config"
     assert "/home/hvd/.sshd_config" in _read("Dockerfile")
+
+
+def _mpijob():
+    import yaml
+
+    job = yaml.safe_load(_read("launch", "kubeflow-mpijob.yaml"))
+    specs = job["spec"]["mpiReplicaSpecs"]
+    launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+    return job, launcher, specs["Worker"]
+
+
+def test_kubeflow_manifest_leaves_no_gpu_idle():
+    # ranks 0..servers-1 are CPU servers; mapped by node over the worker pods, every pod's workers
+    # must number its GPUs
+    job, launcher, workers = _mpijob()
+    args = launcher["args"]
+    assert args[args.index("--map-by") + 1] == "node"
+    np_, servers = int(args[args.index("-np") + 1]), int(args[args.index("--servers") + 1])
+    pods, slots = workers["replicas"], job["spec"]["slotsPerWorker"]
+    gpus = int(workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    per_pod = [list(range(np_))[pod::pods] for pod in range(pods)]  # --map-by node: round robin
+    assert all(len(ranks) <= slots for ranks in per_pod), per_pod
+    assert [sum(r >= servers for r in ranks) for ranks in per_pod] == [gpus] * pods, (per_pod, servers, gpus)
+    assert servers > 0  # the example shows where servers go
+
+
+def test_kubeflow_manifest_gives_shared_memory_and_nccl_settings():
+    job, launcher, workers = _mpijob()
+    worker = workers["template"]["spec"]
+    volumes = {v["name"]: v for v in worker["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in worker["containers"][0]["volumeMounts"]}
+    assert "/dev/shm" in mounts, mounts
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory", shm  # Kubernetes' own /dev/shm is 64 MB
+    units = {"Gi": 2 ** 30, "Mi": 2 ** 20, "G": 10 ** 9, "M": 10 ** 6}
+    size = re.fullmatch(r"(\d+)(Gi|Mi|G|M)", shm["sizeLimit"])
+    limit = re.fullmatch(r"(\d+)(Gi|Mi|G|M)", worker["containers"][0]["resources"]["limits"]["memory"])
+    shm_bytes, mem_bytes = (int(m.group(1)) * units[m.group(2)] for m in (size, limit))
+    assert 2 ** 30 <= shm_bytes < mem_bytes, (shm, limit.group(0))  # it counts against the memory limit
+    args = launcher["args"]
+    assert not any("UCX_TLS" in a for a in args), args  # TCP only as the documented fallback
+    assert "UCX_TLS=tcp,self" in _read("launch", "kubeflow-mpijob.yaml")  # ... which a comment names
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    for name in ("NCCL_DEBUG", "NCCL_SOCKET_IFNAME"):
+        assert name in env and args[args.index(name) - 1] == "-x", (name, args)
+
+
+def test_docker_run_example_gives_shared_memory():
+    runs = [ln for ln in _read("Dockerfile").splitlines() if re.match(r"#\s+docker run\b", ln)]
+    assert runs and all("--gpus" in ln for ln in runs), runs
+    assert all("--ipc=host" in ln or "--shm-size" in ln for ln in runs), runs
+    assert all("--device" in ln for ln in runs), runs  # hvd-async train defaults to the CPU
+
+
+def test_launch_readme_documents_nccl_and_idle_gpus():
+    readme = _read("launch", "README.md")
+    for word in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "/dev/shm", "--shm-size", "GPUs idle", "CPU processes"):
+        assert word in readme, word
+    for name in ("mpirun.sh", "horovodrun.sh", "slurm.sbatch", "kubeflow-mpijob.yaml"):
+        assert "NCCL" in _read("launch", name), name
+
+
+@pytest.mark.parametrize("name", ["horovodrun.sh", "mpirun.sh", "slurm.sbatch"])
+def test_launch_shell_recipes_pass_shellcheck(name):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    result = subprocess.run(["shellcheck", os.path.join(ROOT, "launch", name)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout
