@@ -358,6 +358,7 @@ def _validate_algorithm_options(args: argparse.Namespace) -> None:
     """The checks of the algorithm's options that need the job's other values (its strategy's
     ``check_for_job``), then the options as its options dataclass checks them (the one place their
     ranges are written); the error under the flag's name."""
+    _refuse_meaningless_flags(args)
     cls, given = registry.strategy_class(args.algo), algorithm_options(args)
     try:
         cls.check_for_job(given, workers=args.workers, lr=args.lr)  # first: its messages name the job's values
@@ -365,3 +366,32 @@ def _validate_algorithm_options(args: argparse.Namespace) -> None:
     except (ValueError, TypeError) as exc:
         message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))
         raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None
+
+def _refuse_meaningless_flags(args: argparse.Namespace) -> None:
+    """Refuse, as the Python API does, a flag set (to other than its default) that the algorithm gives no
+    meaning: another algorithm's option, which the job would drop without a word, or --deterministic
+    where the exchange's order is not the allreduce's."""
+    own = {how.flag for _, how in options.declared(registry.strategy_class(args.algo).Options)}
+    users: Dict[str, List[str]] = {}
+    for name, cls in registry.strategies().items():
+        for _, how in options.declared(cls.Options):
+            if how.flag and how.flag not in own:
+                users.setdefault(how.flag, []).append(name)
+    defaults = build_parser(launcher=False)
+    for flag, names in users.items():
+        dest = flag[2:].replace("-", "_")
+        value = getattr(args, dest, None)
+        if value is None or value == defaults.get_default(dest):
+            continue
+        shown = flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}"
+        raise ConfigError(f"{shown} has no meaning under {args.algo}; it works with: {', '.join(names)} "
+                          f"(leave it out here)")
+    servers = registry.uses_servers(args.algo, algorithm_options(args))
+    if args.deterministic and (servers or registry.strategy_class(args.algo).peer_windows):
+        repeatable = [name for name, cls in registry.strategies().items()
+                      if not (registry.uses_servers(name, {}) or cls.peer_windows)]
+        raise ConfigError(f"--deterministic has no meaning under {args.algo}: the order in which the workers' "
+                          f"{'pushes reach the servers' if servers else 'models reach their peers'} changes "
+                          f"from run to run, and no flag fixes it; it fixes the allreduce's order under: "
+                          f"{', '.join(repeatable)}, od-sgd --od-exchange allreduce ('hvd-async simulate' "
+                          f"repeats a run of any algorithm)")

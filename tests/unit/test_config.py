@@ -40,8 +40,8 @@ def test_bad_yaml(tmp_path, text, match):
 
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "sgd"], "unknown algorithm 'sgd'; choose one of: ssgd, asgd, dc-asgd"),
-    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, synthetic, teacher, mnist, cifar10, imagenet"),
-    (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, resnet18, resnet50"),
+    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, fashion-mnist, synthetic, teacher, mnist, cifar10, imagenet"),
+    (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, lenet, resnet18, resnet50"),
     (["--lr", "0"], "--lr must be > 0, got 0.0"),
     (["--lr", "nan"], "--lr must be > 0, got nan"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
@@ -85,3 +85,19 @@ def test_every_preset_is_valid():
         assert args.algo == os.path.basename(path)[:-5]
         assert args.servers == (0 if args.algo in ("ssgd", "hpsgd", "gossip") else 1)
         assert config.algorithm_options(args) is not None
+
+
+def test_another_algorithms_option_is_refused_only_where_given(tmp_path):
+    """The defaults of the flags never count as given: every algorithm validates with none set; a value
+    the user set for another algorithm (a flag, or a key of the --config file) gets the API's refusal."""
+    from hvd_async import registry
+
+    for name in registry.names():
+        extra = ["--np", "5", "--batch-size", "8"]
+        assert _validate(["--algo", name, *extra]).algo == name
+    path = tmp_path / "run.yaml"
+    path.write_text("algo: asgd\nlam: 1\n")
+    with pytest.raises(config.ConfigError, match=r"^--lam 1.0 has no meaning under asgd; it works with: dc-asgd, "
+                                                 r"lc-asgd \(leave it out here\)$"):
+        _validate(["--config", str(path)])
+    assert _validate(["--config", str(path), "--algo", "dc-asgd"]).algo == "dc-asgd"
