@@ -50,6 +50,21 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or from another job; the message says what to do."""
 
 
+# The layout of ``DistributedOptimizer.algorithm_state_dict()`` (the strategy's state and, on worker 0, the
+# servers' shards), kept in it as "version" and raised when that layout changes so that an older reader
+# would misread it. A state without the field was written before it existed: version 1.
+ALGORITHM_STATE_VERSION = 1
+
+
+def check_algorithm_state_version(state: Dict[str, Any]) -> None:
+    """Refuse an algorithm state whose schema version this hvd_async does not read."""
+    version = state.get("version", 1)
+    if version != ALGORITHM_STATE_VERSION:
+        raise CheckpointError(f"the algorithm state (opt.algorithm_state_dict(), a checkpoint's 'algorithm') has "
+                              f"schema version {version!r}; this hvd_async reads version {ALGORITHM_STATE_VERSION}: "
+                              f"load it with the hvd_async that wrote it")
+
+
 def save(path: str, state: Dict[str, Any], *, kind: str = "train", meta: Optional[Dict[str, Any]] = None) -> None:
     """Write ``state`` to ``path`` atomically: a process killed at any moment leaves either the old
     file or the new one there, whole (plus at most a ``<path>.tmp-<pid>`` file, removed by the next save)."""

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from . import registry, runtime
+from . import checkpoint, registry, runtime
 from .algorithms.base import parse_options
 from .horovod_options import HorovodOptions, check_supported
 from .transport.base import Transport
@@ -303,7 +303,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the rules' buffers), for exact resume. Take it on every worker after
         :meth:`load_global_model` (nothing in flight)."""
         self.begin()
-        return {"algorithm": self.algorithm, "strategy": self.strategy.state_dict()}
+        return {"algorithm": self.algorithm, "version": checkpoint.ALGORITHM_STATE_VERSION,
+                "strategy": self.strategy.state_dict()}
 
     def load_algorithm_state_dict(self, state: Dict[str, Any]) -> None:
         """Put back :meth:`algorithm_state_dict`'s state; collective over the workers (worker 0
@@ -311,6 +312,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(state, dict) or not {"algorithm", "strategy"} <= set(state):
             raise ValueError("not a hvd_async algorithm state (expected keys 'algorithm' and 'strategy', "
                              "from opt.algorithm_state_dict())")
+        checkpoint.check_algorithm_state_version(state)
         if state["algorithm"] != self.algorithm:
             raise ValueError(f"the state is from algorithm {state['algorithm']!r}, this optimizer "
                              f"runs {self.algorithm!r}")

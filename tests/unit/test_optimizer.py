@@ -141,3 +141,18 @@ def test_step_after_synchronize_warns_horovods_text_once_per_such_step(algorithm
 
     assert [warned(True, False) for _ in range(3)] == [[_horovods_step_warning()]] * 3
     assert warned(True, True) == [] and warned(False, False) == [] and warned(False, True) == []
+
+
+def test_algorithm_state_carries_a_schema_version_and_an_unknown_one_is_refused():
+    from hvd_async.checkpoint import CheckpointError
+
+    model, opt = _setup()
+    _step(model, opt)
+    state = opt.algorithm_state_dict()
+    assert state["version"] == 1
+    with pytest.raises(CheckpointError, match=r"has schema version 2; this hvd_async reads version 1: load it "
+                                              r"with the hvd_async that wrote it"):
+        opt.load_algorithm_state_dict(dict(state, version=2, strategy={"steps": 9}))
+    assert opt.strategy.steps == 1, "a refused state changed nothing"
+    opt.load_algorithm_state_dict({"algorithm": "ssgd", "strategy": {"steps": 4}})  # written before the field
+    assert opt.strategy.steps == 4
