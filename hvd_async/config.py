@@ -4,6 +4,7 @@ Every bad value raises :class:`ConfigError` with one line naming the value and w
 command-line front ends print that line and exit with status 2.
 """
 import argparse
+import difflib
 import math
 import os
 import shlex
@@ -142,8 +143,11 @@ def _load_yaml(path: str, parser) -> Dict:
     for key, value in data.items():
         dest = str(key).replace("-", "_")
         if dest not in known:
-            raise ConfigError(f"--config {path}: unknown option {key!r}; accepted: "
-                              + ", ".join(sorted(k.replace("_", "-") for k in known)))
+            close = difflib.get_close_matches(dest.replace("_", "-"), [k.replace("_", "-") for k in known], n=3,
+                                              cutoff=0.75)  # (0.7 would offer merge-rate for learning_rate)
+            hint = (f"did you mean {' or '.join(close)}?" if close else "no option is named like it;")
+            raise ConfigError(f"--config {path}: unknown option {key!r}; {hint} the keys are the long options "
+                              f"of '{parser.prog} --help' without their '--'")
         if dest in ("straggler", "plugin"):
             if isinstance(value, dict):
                 value = [f"{k}={v}" for k, v in value.items()]

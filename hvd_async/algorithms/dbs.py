@@ -51,6 +51,10 @@ class DBSASGDOptions:
     def __post_init__(self):
         check_push_rate(self.push_rate)
         check_lookahead(self.lookahead)
+        if self.batch_size is None:  # (the job passes its --batch-size; a script must pass it itself)
+            raise ValueError("batch_size is required: pass the nominal batch per worker to the optimizer, "
+                             "DistributedOptimizer(..., algorithm='dbs-asgd', batch_size=32), and draw each "
+                             "batch's size from opt.strategy.batch_size (the global batch is workers x batch_size)")
         if not is_int_at_least(self.batch_size, 1):
             raise ValueError(f"batch_size (the nominal batch per worker; the global batch is "
                              f"workers x batch_size) must be an integer >= 1, got {self.batch_size!r}")

@@ -277,8 +277,10 @@ KEYWORDS = [
     ("lc-asgd", {"min_history": 100}, ValueError, "min_history must be <= window (32), got 100"),
     ("softsync", {"n": 0}, ValueError, "n must be an integer between 1 and the number of workers, got 0"),
     ("softsync", {"staleness_lr": "yes"}, ValueError, "staleness_lr must be True or False, got 'yes'"),
-    ("dbs-asgd", {}, ValueError, "batch_size (the nominal batch per worker; the global batch is workers x batch_size) "
-                                 "must be an integer >= 1, got None"),
+    ("dbs-asgd", {}, ValueError, "batch_size is required: pass the nominal batch per worker to the optimizer, "
+                                 "DistributedOptimizer(..., algorithm='dbs-asgd', batch_size=32)"),
+    ("dbs-asgd", {"batch_size": 0}, ValueError, "batch_size (the nominal batch per worker; the global batch is "
+                                                "workers x batch_size) must be an integer >= 1, got 0"),
     ("dbs-asgd", {"batch_size": 32, "every": 0}, ValueError, "every must be an integer >= 1, got 0"),
     ("dbs-asgd", {"batch_size": 32, "smoothing": 1}, ValueError, "smoothing (weight of the past in the speed's "
                                                                  "moving average) must be in [0, 1), got 1"),
