@@ -85,6 +85,24 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
     return [(name, p) for name, p in named if id(p) in in_optimizer and last_name[id(p)] == name]
 
 
+_servers_served = False  # a DistributedOptimizer of this job has used its server ranks
+
+
+def _check_servers_serve(algorithm: str, options: Dict[str, Any]) -> None:
+    """Refuse an algorithm without servers in a job whose server ranks no optimizer has used: they would
+    sit idle, the job training on fewer processes than it has (the command line refuses it alike)."""
+    global _servers_served
+    servers = runtime.num_servers()
+    if registry.uses_servers(algorithm, options):
+        _servers_served = True
+    elif servers and not _servers_served:
+        raise RuntimeError(f"algorithm {algorithm!r} uses no parameter server, but hvd_async.init(servers={servers}) "
+                           f"set {servers} of the job's {runtime.world_size()} processes aside as servers: they "
+                           f"would sit idle while {runtime.size()} train; call hvd_async.init(servers=0) so that "
+                           f"every process trains (a job that also runs a parameter-server algorithm: build "
+                           f"that optimizer first)")
+
+
 def _check_same_model(named, allgather) -> None:
     """Every worker must hold the same parameters (names, shapes, dtypes); fail on all of them if not."""
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
@@ -166,6 +184,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         own_transport = transport is None
         if own_transport:
             comms = runtime.comms("DistributedOptimizer")
+            _check_servers_serve(algorithm, options)
             _check_same_model(named, comms.group.allgather)
             transport = strategy_cls.make_transport(named, parsed, comms)
         else:

@@ -82,6 +82,40 @@ def test_bad_keyword_reaching_a_real_transport_ends_every_rank(tmp_path):
     assert [stderr[f"rank.{r}"].count(message) for r in range(3)] == [0, 1, 1], stderr
 
 
+IDLE_SERVERS = """
+import sys
+
+import torch
+import hvd_async as ha
+
+ha.init(servers=1, serve=True)  # an asgd script run with algorithm='ssgd'
+p = torch.nn.Parameter(torch.zeros(3))
+for algorithm in ("ssgd", "hpsgd", "asgd", "ssgd"):  # once asgd has used the servers, ssgd may follow it
+    try:
+        opt = ha.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)], algorithm=algorithm)
+        opt.close()
+        sys.stdout.write(f"BUILT {algorithm} on worker {ha.rank()}\\n")
+    except RuntimeError as exc:
+        sys.stdout.write(f"REFUSED {algorithm} on worker {ha.rank()}: {exc}\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_an_algorithm_without_servers_in_a_job_with_idle_servers_is_refused():
+    """ha.init(servers=1) and algorithm='ssgd' (or hpsgd): the server rank would sit idle while two
+    train; refused on every worker, where the command line refuses --servers 1 with ssgd alike."""
+    result = mpirun(3, python("-c", IDLE_SERVERS), timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.out, result.out[-3000:]
+    lines = sorted(line for line in result.out.splitlines() if line.startswith(("BUILT", "REFUSED")))
+    said = ("uses no parameter server, but hvd_async.init(servers=1) set 1 of the job's 3 processes aside as "
+            "servers: they would sit idle while 2 train; call hvd_async.init(servers=0) so that every process trains")
+    assert [line.split(":")[0] for line in lines] == [
+        "BUILT asgd on worker 0", "BUILT asgd on worker 1", "BUILT ssgd on worker 0", "BUILT ssgd on worker 1",
+        "REFUSED hpsgd on worker 0", "REFUSED hpsgd on worker 1", "REFUSED ssgd on worker 0",
+        "REFUSED ssgd on worker 1"], result.out[-3000:]
+    assert all(said in line for line in lines if line.startswith("REFUSED")), lines
+
+
 def test_corrupt_checkpoint_under_resume(tmp_path):
     path = str(tmp_path / "ckpt-12.pt")
     with open(path, "wb") as out:

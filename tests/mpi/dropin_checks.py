@@ -20,7 +20,6 @@ from harness import check, main  # noqa: E402
 import hvd_async as ha  # noqa: E402
 
 SERVER_ALGOS = ("asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "easgd")
-ALL = ("ssgd", "hpsgd", "gossip") + SERVER_ALGOS
 OPTIONS = {"hpsgd": {"window": 2}, "gossip": {"variant": "pull"}, "dbs-asgd": {"batch_size": 8}}
 # the optimizers torch ships that a worker-side algorithm runs as they are (and Horovod broadcasts)
 LOCAL_OPTIMIZERS = {
@@ -33,7 +32,9 @@ LOCAL_OPTIMIZERS = {
 
 
 def algorithms():
-    return ALL if ha.num_servers() else ("ssgd", "hpsgd", "gossip")
+    """With servers, a parameter-server algorithm first: a job whose servers no optimizer has used refuses
+    one without servers (they would sit idle)."""
+    return SERVER_ALGOS + ("ssgd", "hpsgd", "gossip") if ha.num_servers() else ("ssgd", "hpsgd", "gossip")
 
 
 def runs_any_optimizer(algorithm):
@@ -172,7 +173,7 @@ def clipping_and_accumulation():
     """opt.synchronize(); clip_grad_norm_; with opt.skip_synchronize(): opt.step() (Horovod's clipping
     pattern), and backward_passes_per_step=2, against the hand-computed weights."""
     rank, n, lr = ha.rank(), ha.size(), 0.1
-    for algorithm in ("ssgd", "asgd") if ha.num_servers() else ("ssgd",):
+    for algorithm in ("asgd", "ssgd") if ha.num_servers() else ("ssgd",):
         for passes, clip in ((1, 0.05), (2, None)):
             model = model_for(3)
             w0 = flat(model).clone()
@@ -200,7 +201,7 @@ def clipping_and_accumulation():
 
 def step_after_synchronize_warns():
     """Horovod's warning, in its words, once per step() after synchronize() outside skip_synchronize()."""
-    for algorithm in ("ssgd", "asgd") if ha.num_servers() else ("ssgd",):
+    for algorithm in ("asgd", "ssgd") if ha.num_servers() else ("ssgd",):
         model = model_for(1)
         opt = build(algorithm, model)
         x, y = batch(ha.rank())
