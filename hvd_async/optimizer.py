@@ -308,6 +308,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``hvd.broadcast_optimizer_state``). A whole state as written by earlier hvd_async versions
         (``'algorithm'``, ``'optimizer'``, ``'strategy'``) also loads the algorithm's part, which is
         collective (see :meth:`load_algorithm_state_dict`)."""
+        self._synchronized = False  # (as Horovod's: no step-after-synchronize warning across a load)
         if isinstance(state_dict, dict) and {"algorithm", "optimizer", "strategy"} <= set(state_dict):
             self.optimizer.load_state_dict(state_dict["optimizer"])
             self.load_algorithm_state_dict(state_dict)
