@@ -58,8 +58,9 @@ def test_same_seed_same_sequence_and_batches_straddle_epochs():
 
 
 @pytest.mark.parametrize("options,fragment", [
-    ({}, "batch_size (the nominal batch per worker"),
-    ({"batch_size": 0}, "got 0"),
+    ({}, "batch_size is required: pass the nominal batch per worker to the optimizer"),
+    ({"batch_size": 0}, "batch_size (the nominal batch per worker; the global batch is workers x batch_size) must "
+                        "be an integer >= 1, got 0"),
     ({"batch_size": 8, "every": 0}, "every must be an integer >= 1, got 0"),
     ({"batch_size": 8, "smoothing": 1.0}, "smoothing (weight of the past"),
     ({"batch_size": 8, "min_batch": 4, "max_batch": 2}, "max_batch must be an integer >= min_batch (4), got 2"),
