@@ -14,8 +14,9 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 
 from . import options, registry
-from .data import DATASETS, FILE_DATASETS
+from .data import DATASETS, EVAL_SPLITS, FILE_DATASETS
 from .models import MODELS
+from .progress import LINE_EVERY, MODES as PROGRESS_MODES
 
 
 MAX_SEED = 2 ** 32 - 1  # numpy's and scikit-learn's seeds are 32-bit
@@ -65,9 +66,15 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--servers", type=int, default=d(None),
                    help="parameter-server ranks (default: 1 for parameter-server algorithms, else 0)")
     p.add_argument("--dataset", default=d("digits"), metavar="NAME",
-                   help=f"one of: {', '.join(DATASETS)}; digits, synthetic and teacher need no files")
+                   help=f"one of: {', '.join(DATASETS)}; digits, synthetic and teacher need no files, "
+                        f"fashion-mnist Debian's package dataset-fashion-mnist")
     p.add_argument("--data-dir", default=d(None), metavar="DIR",
-                   help="folder with the standard files of mnist, cifar10 or imagenet")
+                   help="folder with the standard files of mnist, cifar10 or imagenet (fashion-mnist: "
+                        "instead of Debian's dataset-fashion-mnist)")
+    p.add_argument("--eval-on", choices=EVAL_SPLITS, default=d("test"),
+                   help="the split scored after each epoch: test (training on the whole training split; "
+                        "for final tables), or val (training on it less a validation split carved from "
+                        "it once, the same for every --seed; for choosing hyperparameters and defaults)")
     p.add_argument("--image-size", type=int, default=d(None),
                    help="resize images to this size (synthetic: 32, imagenet: 224 by default)")
     p.add_argument("--model", default=d("mlp"), metavar="NAME", help=f"one of: {', '.join(MODELS)}")
@@ -80,7 +87,9 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--lr", type=float, default=d(0.1), help="learning rate")
     p.add_argument("--momentum", type=float, default=d(0.9), help="SGD momentum of the local optimizer")
     p.add_argument("--weight-decay", type=float, default=d(0.0), help="SGD weight decay")
-    p.add_argument("--seed", type=int, default=d(0), help="seed of data split, model and sampling")
+    p.add_argument("--seed", type=int, default=d(0),
+                   help="seed of the model's initialisation and the sampling order (and of synthetic's "
+                        "and teacher's images); the train/validation/test splits are fixed")
     p.add_argument("--logdir", default=d(None), metavar="DIR", help="write TensorBoard event files here")
     p.add_argument("--metrics-out", default=d(None), metavar="PATH", help="write the run's metrics JSON here")
     p.add_argument("--straggler", action="append", default=d([]), metavar="WORKER=FACTOR",
@@ -112,8 +121,10 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--max-nonfinite", type=int, default=d(20), metavar="K",
                    help="stop (with a checkpoint of the last good state) after K gradients in a row held "
                         "NaN or infinity on a worker; none is ever applied (0: never stop)")
-    p.add_argument("--progress", choices=("auto", "bar", "epochs"), default=d("auto"),
-                   help="progress display on the reporting worker (auto: a bar on a terminal)")
+    p.add_argument("--progress", choices=PROGRESS_MODES, default=d("auto"),
+                   help="progress inside an epoch on worker 0: auto (a bar on a terminal, elsewhere a line "
+                        f"every {LINE_EVERY:g} s: samples, samples/s, loss), bar, or epochs (off: only the "
+                        "per-epoch lines)")
     if launcher:
         p.add_argument("--max-restarts", type=int, default=d(0), metavar="K",
                        help="when the job fails (e.g. a process dies), relaunch it up to K times from "

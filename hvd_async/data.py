@@ -6,7 +6,12 @@ input_shape, int64 label)`` pairs.
 
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 real images,
   nothing to download); the project's default. Always (1, 8, 8): ``image_size``
-  and ``data_dir`` are ignored.
+  and ``data_dir`` are ignored. The train/test split is fixed (``DIGITS_SPLIT_SEED``),
+  the same for every run seed.
+* ``fashion-mnist``: Zalando's Fashion-MNIST (60,000 training and 10,000 test
+  28x28 images of clothes, 10 classes), read from Debian's package
+  ``dataset-fashion-mnist`` (``FASHION_MNIST_DIR``; ``data_dir``, when given,
+  is read instead).
 * ``synthetic``: generated from ``seed``; one random prototype image per class
   plus Gaussian noise, so a small model learns it in a few epochs.
 * ``teacher``: 24,000 training and 4,000 test 16x16 Gaussian images, labelled by
@@ -16,6 +21,13 @@ input_shape, int64 label)`` pairs.
 * ``mnist``, ``cifar10``, ``imagenet``: read from ``data_dir`` with torchvision,
   never downloaded.
 
+:func:`for_evaluation` picks what a job trains on and scores: the training split
+and the test split (``"test"``, for final tables), or the training split less
+a validation split carved from it once (:func:`validation_split`: fixed indices,
+the same for every run seed; the run seed changes initialisation and order,
+never the split) and that validation split (``"val"``, for every choice of a
+default or a hyperparameter).
+
 Every failure (unknown name, missing or malformed files, bad sizes) raises
 :class:`DataError` with one line that says what was wrong and what to do.
 """
@@ -23,11 +35,21 @@ import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from .checks import is_int_at_least
 
-DATASETS = ("digits", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
+DATASETS = ("digits", "fashion-mnist", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
+EVAL_SPLITS = ("test", "val")  # what a job scores (for_evaluation)
+
+# The fixed splits: seeds of their own, never the run's.
+DIGITS_SPLIT_SEED = 0  # digits' train/test split (the one run seed 0 always had)
+VALIDATION_SEED = 4747  # which training images make the validation split
+VALIDATION_FRACTION = 0.2  # of the training split, where VALIDATION_SIZE names no size
+VALIDATION_SIZE = {"fashion-mnist": 5000}
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # where Debian's package puts the idx files
+FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
 
 NUM_SYNTHETIC_CLASSES = 10
 # Per-pixel noise around each class prototype (prototype pixels are N(0, 1)).
@@ -57,6 +79,8 @@ class DataError(ValueError):
 
 
 class DataSplits(NamedTuple):
+    """The training and the scored split (``test``: the test split, or after
+    ``for_evaluation(..., "val")`` the validation split)."""
     train: Dataset
     test: Dataset
     num_classes: int
@@ -71,9 +95,12 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
     if image_size is not None and not is_int_at_least(image_size, 1):
         raise DataError(f"image_size must be a positive integer, got {image_size!r}")
     if name == "digits":
-        return _digits(seed)
+        return _digits()
     if name == "teacher":
         return _teacher(seed)
+    if name == "fashion-mnist":
+        from . import image_files  # torchvision: only jobs that read image files load it
+        return image_files.fashion_mnist(fashion_mnist_dir(data_dir), image_size)
     if name == "synthetic":
         if not is_int_at_least(synthetic_samples, 4):
             raise DataError(f"synthetic_samples must be an integer of at least 4 "
@@ -88,6 +115,53 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
                         f"point --data-dir at {_NEEDS[name]}")
     from . import image_files  # torchvision: only jobs that read image files load it
     return image_files.load(name, data_dir, image_size)
+
+
+def fashion_mnist_dir(data_dir: Optional[str] = None) -> str:
+    """The folder of Fashion-MNIST's idx files (``data_dir`` where given); DataError where Debian's
+    package is not installed."""
+    if data_dir is not None:
+        return os.path.abspath(os.path.expanduser(str(data_dir)))
+    if not os.path.isdir(FASHION_MNIST_DIR):
+        raise DataError(f"dataset fashion-mnist needs Debian's package {FASHION_MNIST_PACKAGE} (files in "
+                        f"{FASHION_MNIST_DIR}): sudo apt-get install {FASHION_MNIST_PACKAGE}")
+    return FASHION_MNIST_DIR
+
+
+def validation_split(train: Dataset, size: int) -> Tuple[Subset, Subset]:
+    """``(rest, validation)``: ``size`` images of ``train`` drawn once by ``VALIDATION_SEED`` (the
+    same indices for every run seed), and the others, both in their order in ``train``."""
+    if not 0 < size < len(train):
+        raise DataError(f"a validation split of {size} images needs a training split of more, "
+                        f"got {len(train)}")
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(VALIDATION_SEED))
+    val = order[:size].sort().values.tolist()
+    rest = order[size:].sort().values.tolist()
+    return Subset(train, rest), Subset(train, val)
+
+
+def validation_size(name: str, train_size: int) -> int:
+    """How many training images of dataset ``name`` make its validation split."""
+    return VALIDATION_SIZE.get(name, max(1, round(VALIDATION_FRACTION * train_size)))
+
+
+def for_evaluation(splits: DataSplits, name: str, on: str) -> DataSplits:
+    """What a job trains on and scores: ``on="test"``, the splits as loaded (the whole training split;
+    for final tables); ``on="val"``, the training split less its validation split, scored on the
+    validation split (for choosing defaults and hyperparameters; the test split stays unseen).
+
+    Example::
+
+        >>> splits = for_evaluation(load_dataset("digits"), "digits", "val")
+        >>> len(splits.train), len(splits.test)
+        (1150, 287)
+    """
+    if on not in EVAL_SPLITS:
+        raise DataError(f"unknown split to score {on!r}; choose one of: {', '.join(EVAL_SPLITS)}")
+    if on == "test":
+        return splits
+    rest, val = validation_split(splits.train, validation_size(name, len(splits.train)))
+    return splits._replace(train=rest, test=val)
 
 
 def load_dataset_on(comm, name: str, data_dir: Optional[str] = None, *, seed: int = 0,
@@ -110,13 +184,13 @@ def load_dataset_on(comm, name: str, data_dir: Optional[str] = None, *, seed: in
     return splits
 
 
-def _digits(seed: int) -> DataSplits:
+def _digits() -> DataSplits:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
-        digits.data / 16.0, digits.target, test_size=0.2, random_state=seed, stratify=digits.target)
+        digits.data / 16.0, digits.target, test_size=0.2, random_state=DIGITS_SPLIT_SEED, stratify=digits.target)
     mean, std = x_train.mean(), x_train.std()
 
     def tensors(x, y):

@@ -2,7 +2,7 @@
 
 TensorBoard tags, one point per epoch (docs/guide.md shows them):
 
-- global: ``accuracy/test``, ``loss/train``, ``throughput/samples_per_second``,
+- global: ``accuracy/test`` (``accuracy/val`` with ``--eval-on val``), ``loss/train``, ``throughput/samples_per_second``,
   ``time/exchange_wait_ms_per_step`` (mean over workers), ``time/compute_ms_per_step``, and for
   od-sgd/hpsgd/gossip/easgd ``time/exchange_blocked_ms_per_step``;
 - per worker (k = 0 .. workers-1): ``loss/worker_k``, ``throughput/worker_k``,
@@ -73,7 +73,7 @@ def print_result(args, record: Dict, *, simulated: bool = False) -> None:
     else:
         who, took, rate = "worker(s)", f"{record['wall_seconds']:.1f} s", "samples/s"
     print(f"result: {args.algo} on {args.dataset} ({args.model}), {record['workers']} {who}, {args.epochs} "
-          f"epochs: test accuracy {record['final_test_accuracy']:.4f}, train loss {record['final_train_loss']:.4f}, "
+          f"epochs: {args.eval_on} accuracy {record['final_test_accuracy']:.4f}, train loss {record['final_train_loss']:.4f}, "
           f"{took}, {record['samples_per_second']:.0f} {rate}", flush=True)
     if args.metrics_out:
         print(f"metrics written to {args.metrics_out}", flush=True)
@@ -129,7 +129,7 @@ class RunMetrics:
         for name, value in (timing or {}).items():
             self.scalar(f"time/{name}", value, epoch)
         self.history.append(entry)
-        self.scalar("accuracy/test", test_accuracy, epoch)
+        self.scalar(f"accuracy/{self.info.get('evaluated_on', 'test')}", test_accuracy, epoch)
         self.scalar("loss/train", train_loss, epoch)
         self.per_worker("loss", worker_losses, epoch)
         self.scalar("throughput/samples_per_second", sum(worker_samples_per_second), epoch)

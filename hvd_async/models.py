@@ -8,6 +8,12 @@ pretrained weights are ever loaded.
 
 * ``mlp``: one hidden layer of 128 units.
 * ``cnn``: two 3x3 convolutions, then pooling to 4x4; fits inputs from 8x8 to 224x224.
+* ``lenet``: LeNet-5 (LeCun et al., 1998, "Gradient-based learning applied to document
+  recognition") with ReLU and max-pooling: 5x5 convolutions of 6 and 16 channels, each
+  followed by 2x2 pooling, then 120, 84 and ``num_classes`` units (61,706 parameters on
+  28x28 images). It pools early, so it is sized for CPUs: on 28x28 images its second
+  convolution runs at 14x14 (``cnn``'s both run at full resolution). Inputs under 16x16
+  (digits) skip the first pooling and pad the second convolution.
 * ``resnet18`` / ``resnet50``: torchvision's ResNets; inputs up to 64x64 get the
   usual CIFAR stem (3x3 stride-1 first convolution and no max-pool).
 """
@@ -17,7 +23,7 @@ from torch import nn
 
 from .checks import is_int_at_least
 
-MODELS = ("mlp", "cnn", "resnet18", "resnet50")
+MODELS = ("mlp", "cnn", "lenet", "resnet18", "resnet50")
 
 # Inputs at most this high get the small-image ResNet stem.
 SMALL_INPUT = 64
@@ -58,7 +64,32 @@ def build_model(name: str, input_shape: Tuple[int, int, int], num_classes: int) 
             nn.ReLU(),
             nn.Linear(128, num_classes),
         )
+    if name == "lenet":
+        return _lenet(channels, height, width, num_classes)
     return _resnet(name, channels, height, num_classes)
+
+
+def _lenet(channels: int, height: int, width: int, num_classes: int) -> nn.Module:
+    small = min(height, width) < 16  # (digits' 8x8: no pooling before the second convolution)
+    pad = 2 if small else 0
+    side = [s if small else s // 2 for s in (height, width)]  # after the first convolution (padded) and pooling
+    side = [(s + 2 * pad - 4) // 2 for s in side]  # after the second convolution and pooling
+    if min(side) < 1:
+        raise ModelError(f"lenet needs images of at least 2x2, got {height}x{width}")
+    return nn.Sequential(
+        nn.Conv2d(channels, 6, 5, padding=2),
+        nn.ReLU(),
+        nn.Identity() if small else nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, padding=pad),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * side[0] * side[1], 120),
+        nn.ReLU(),
+        nn.Linear(120, 84),
+        nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
 
 
 def _resnet(name: str, channels: int, height: int, num_classes: int) -> nn.Module:

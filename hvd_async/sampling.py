@@ -41,6 +41,7 @@ class SharedCursorBatches:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         self.num_samples, self.seed, self._fetch_add = num_samples, seed, fetch_add
         self._perms: Dict[int, torch.Tensor] = {}
+        self.claimed = 0  # the shared cursor after this worker's last claim (a progress display reads it)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         perm = self._perms.get(epoch)
@@ -67,4 +68,5 @@ class SharedCursorBatches:
         if size < 1:
             raise ValueError(f"batch size must be >= 1, got {size}")
         start = self._fetch_add(size)
+        self.claimed = start + size
         return start // self.num_samples, self.indices(start, size)

@@ -11,7 +11,8 @@ Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
 import time
 
 from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
-from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop, show_bar
+from .progress import progress_mode
+from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop
 
 __all__ = ["NONFINITE_CHECK_EVERY", "TrainingStopped", "main", "train_worker"]
 
@@ -115,7 +116,8 @@ def _build(args) -> WorkerLoop:
     rank, workers = ha.rank(), ha.size()
     comm = ha.worker_comm()
     torch.manual_seed(args.seed)
-    splits = data.load_dataset_on(comm, args.dataset, args.data_dir, seed=args.seed, image_size=args.image_size)
+    splits = data.for_evaluation(data.load_dataset_on(comm, args.dataset, args.data_dir, seed=args.seed,
+                                                      image_size=args.image_size), args.dataset, args.eval_on)
     model = models.build_model(args.model, splits.input_shape, splits.num_classes)
     device = _device(args.device, ha)
     model.to(device)
@@ -126,7 +128,7 @@ def _build(args) -> WorkerLoop:
     host = _JobHost(args, comm, rank)
     metrics = RunMetrics({
         "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
-        "servers": ha.num_servers(), "dataset": args.dataset, "model": args.model,
+        "servers": ha.num_servers(), "dataset": args.dataset, "evaluated_on": args.eval_on, "model": args.model,
         "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "compute_ms": args.compute_ms, "stragglers": {str(k): v for k, v in args.stragglers.items()},
     }, logdir=args.logdir, reporter=rank == 0)
@@ -136,7 +138,7 @@ def _build(args) -> WorkerLoop:
             args, workers, ha.num_servers(), {name: list(p.shape) for name, p in model.named_parameters()}))
     return WorkerLoop(args, model=model, opt=opt, splits=splits, comm=comm, host=host, metrics=metrics,
                       servers=ha.num_servers() > 0, device=device, saver=saver,
-                      show_bar=show_bar(args, rank == 0))
+                      progress=progress_mode(args.progress, rank == 0))
 
 
 def train_worker(args) -> dict:

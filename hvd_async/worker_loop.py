@@ -10,8 +10,6 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 ``batch_cursor()``, ``after_evaluation()``, ``skipped_nonfinite``), never decided by its name.
 """
 import logging
-import os
-import sys
 import time
 
 import numpy as np
@@ -87,11 +85,12 @@ class WorkerLoop:
         servers: whether the algorithm runs on parameter servers (epochs end on their progress).
         device: where batches go (None: where the data is).
         saver: a :class:`~hvd_async.jobstate.JobCheckpoints`, or None.
-        show_bar: a progress bar on stderr (worker 0).
+        progress: worker 0's display inside an epoch, ``"bar"`` or ``"lines"`` (:mod:`hvd_async.progress`),
+            or None.
     """
 
     def __init__(self, args, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
-                 saver=None, show_bar: bool = False):
+                 saver=None, progress=None):
         import torch
 
         from .jobstate import WorkerBatches, parse_every
@@ -104,13 +103,13 @@ class WorkerLoop:
                                     seed=args.seed, strategy=opt.strategy, servers=servers,
                                     fetch_add=opt.strategy.batch_cursor())
         self.steps_per_epoch = (-(-self.source.global_steps // self.workers) if servers
-                                else self.source.batches.per_epoch)  # for the bar
-        self.bar = None
-        if self.reporter and show_bar:
-            from tqdm import tqdm
+                                else self.source.batches.per_epoch)  # this worker's share (the bar's total)
+        self.progress = None
+        if self.reporter and progress:
+            from .progress import EpochProgress
 
-            self.bar = tqdm(total=args.epochs * self.steps_per_epoch, desc=f"{args.algo} x{self.workers}",
-                            unit="step", file=sys.stderr, dynamic_ncols=True)
+            self.progress = EpochProgress(progress, share=self.steps_per_epoch, epochs=args.epochs,
+                                          desc=f"{args.algo} x{self.workers}")
         self.acc = Counters()  # this worker's counters (a checkpoint holds them)
         self.job = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [], "next_checkpoint": None}
         self.every, self.unit = parse_every(args.checkpoint_every)
@@ -150,8 +149,6 @@ class WorkerLoop:
         if job["epoch"] > self.args.epochs:
             raise ConfigError(f"--resume: checkpoint {path} has finished {job['epoch'] - 1} epoch(s) and "
                               f"--epochs is {self.args.epochs}: give a larger --epochs to train on")
-        if self.bar is not None:
-            self.bar.update(min(self.bar.total, (job["epoch"] - 1) * self.steps_per_epoch + self.acc.epoch_steps))
 
     def save_checkpoint(self, progress: int) -> str:
         """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
@@ -204,8 +201,10 @@ class WorkerLoop:
         import torch
         import torch.nn.functional as F
 
-        acc, opt, bar, host, clock = self.acc, self.opt, self.bar, self.host, self.host.clock
+        acc, opt, progress, host, clock = self.acc, self.opt, self.progress, self.host, self.host.clock
         segment_start = clock()
+        if progress is not None:
+            progress.start(epoch, acc.epoch_samples)
         self.loss_sum.fill_(acc.loss_sum)
         reason = None
         while reason is None:
@@ -233,14 +232,27 @@ class WorkerLoop:
             skipped = opt.strategy.skipped_nonfinite
             acc.streak = acc.streak + 1 if skipped > acc.skipped_seen else 0
             acc.skipped_seen = skipped
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch, refresh=False)
+            if progress is not None:
+                progress.update(epoch, self._epoch_fraction(epoch), samples=acc.epoch_samples,
+                                loss=lambda: float(self.loss_sum) / acc.epoch_steps)
             reason = self._pause_reason()
             host.beat()
         acc.epoch_seconds += clock() - segment_start
         acc.loss_sum = float(self.loss_sum)
+        if progress is not None and reason == "end":
+            progress.update(epoch, 1.0, samples=acc.epoch_samples, loss=lambda: acc.loss_sum / max(1, acc.epoch_steps))
         return reason
+
+    def _epoch_fraction(self, epoch: int) -> float:
+        """How much of ``epoch`` the job has done as this worker sees it: its own steps of its share
+        (synchronous algorithms), the shared cursor (dbs-asgd), or the servers' pushes this epoch (the
+        other parameter-server algorithms, whose workers each draw at their own pace)."""
+        source = self.source
+        if not self.uses_servers:
+            return self.acc.epoch_steps / max(1, source.batches.per_epoch)
+        if source.shared is not None:
+            return source.shared.claimed / source.shared.num_samples - (epoch - 1)
+        return self.opt.progress() / source.global_steps - (epoch - 1)
 
     def _agree(self, reason: str):
         """The workers left their loops for their own reasons (asynchronous ones see progress at
@@ -306,10 +318,10 @@ class WorkerLoop:
             entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats))
         if staleness.sum() > self.staleness_seen.sum():
             metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
-        line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  test accuracy "
+        line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  {args.eval_on} accuracy "
                 f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} {self.host.seconds}")
-        if self.bar is not None:
-            self.bar.write(line)
+        if self.progress is not None:
+            self.progress.write(line)
         else:
             say(line)
 
@@ -358,8 +370,8 @@ class WorkerLoop:
     def _finish(self) -> dict:
         from .transport.window import staleness_summary
 
-        if self.bar is not None:
-            self.bar.close()
+        if self.progress is not None:
+            self.progress.close()
         acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
         steps = acc.steps
         total_samples = comm.allreduce(acc.samples)
@@ -383,7 +395,3 @@ class WorkerLoop:
         return metrics.finish(self.args.metrics_out, **record, **metrics.compensation(stats))
 
 
-def show_bar(args, reporter: bool) -> bool:
-    """``--progress``: a bar on worker 0 (``auto``: where stderr is a terminal, or HVD_ASYNC_PROGRESS=1)."""
-    return reporter and (args.progress == "bar" or (args.progress == "auto" and (
-        sys.stderr.isatty() or os.environ.get("HVD_ASYNC_PROGRESS") == "1")))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command, idempotent setup of everything hvd_async needs on a Debian machine:
-#   1. OpenMPI from Debian (apt-get, only if missing),
+#   1. OpenMPI and Fashion-MNIST (dataset-fashion-mnist) from Debian (apt-get, only if missing),
 #   2. a virtual environment under ~/.cache/hvd_async/ keyed on scripts/requirements.txt,
 #      with torch/torchvision, mpi4py, tensorboard and the rest from PyPI,
 #   3. Horovod 0.28.1 built against that torch (scripts/build_horovod.sh; wheel cached),
@@ -17,8 +17,9 @@ cache=${HVD_ASYNC_CACHE:-${HOME:-/root}/.cache/hvd_async}
 python=${PYTHON:-python3}
 log() { echo "[setup] $*"; }
 
-# 1. OpenMPI, the compilers Horovod builds with, iproute2 (for the multi-host test cluster)
-packages=(openmpi-bin libopenmpi-dev iproute2 cmake g++ make)
+# 1. OpenMPI, the compilers Horovod builds with, iproute2 (for the multi-host test cluster), and
+#    Fashion-MNIST's idx files (--dataset fashion-mnist reads them from /usr/share/datasets/fashion-mnist)
+packages=(openmpi-bin libopenmpi-dev iproute2 cmake g++ make dataset-fashion-mnist)
 [[ ${HVD_ASYNC_TEST_TOOLS:-0} == 1 ]] && packages+=(slurmctld slurmd slurm-client munge)
 need=()
 for pkg in "${packages[@]}"; do

@@ -171,7 +171,8 @@ def _worker(args, splits, cluster: Cluster, host: _SimHost, transports: List) ->
 
 def _info(args) -> Dict:
     return {"algorithm": args.algo, "world_size": args.workers + args.servers, "workers": args.workers,
-            "servers": args.servers, "dataset": args.dataset, "model": args.model, "epochs": args.epochs,
+            "servers": args.servers, "dataset": args.dataset, "evaluated_on": args.eval_on, "model": args.model,
+            "epochs": args.epochs,
             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "compute_ms": args.compute_ms,
             "stragglers": {str(k): v for k, v in args.stragglers.items()}}
 

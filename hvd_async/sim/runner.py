@@ -23,7 +23,8 @@ def simulate(args: Union[List[str], argparse.Namespace]) -> dict:
     from .job import run_job
 
     args = _args(args)
-    splits = data.load_dataset(args.dataset, args.data_dir, seed=args.seed, image_size=args.image_size)
+    splits = data.for_evaluation(data.load_dataset(args.dataset, args.data_dir, seed=args.seed,
+                                                   image_size=args.image_size), args.dataset, args.eval_on)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core, and the same kernels on every run
     try:

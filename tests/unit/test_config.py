@@ -43,8 +43,8 @@ def test_bad_yaml(tmp_path, text, match):
 
 @pytest.mark.parametrize("argv,match", [
     (["--algo", "sgd"], "unknown algorithm 'sgd'; choose one of: ssgd, asgd, dc-asgd"),
-    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, synthetic, teacher, mnist, cifar10, imagenet"),
-    (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, resnet18, resnet50"),
+    (["--dataset", "svhn"], "unknown dataset 'svhn'; choose one of: digits, fashion-mnist, synthetic, teacher, mnist, cifar10, imagenet"),
+    (["--model", "vgg"], "unknown model 'vgg'; choose one of: mlp, cnn, lenet, resnet18, resnet50"),
     (["--lr", "0"], "--lr must be > 0, got 0.0"),
     (["--lr", "nan"], "--lr must be > 0, got nan"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),

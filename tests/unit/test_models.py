@@ -122,9 +122,9 @@ def test_mlp_reaches_90_percent_on_digits():
 
 
 def test_unknown_model_lists_choices():
-    with pytest.raises(ModelError, match=r"^unknown model 'foo'; choose one of: mlp, cnn, resnet18, resnet50$"):
+    with pytest.raises(ModelError, match=r"^unknown model 'foo'; choose one of: mlp, cnn, lenet, resnet18, resnet50$"):
         build_model("foo", (1, 8, 8), 10)
-    assert MODELS == ("mlp", "cnn", "resnet18", "resnet50")
+    assert MODELS == ("mlp", "cnn", "lenet", "resnet18", "resnet50")
     assert issubclass(ModelError, ValueError)
 
 
