@@ -105,7 +105,7 @@ def fashion_mnist(folder: str, image_size: Optional[int]) -> DataSplits:
 def _normalized(dataset: MNIST, mean, std) -> TensorDataset:
     """``dataset``'s images as its transform (ToTensor, Normalize) makes them, all at once."""
     images = functional.convert_image_dtype(dataset.data.unsqueeze(1), torch.float32)  # ToTensor's /255
-    return TensorDataset(functional.normalize(images, mean, std), dataset.targets)
+    return TensorDataset(functional.normalize(images, mean, std, inplace=True), dataset.targets)
 
 
 def _uncompressed(folder: str, gzipped: List[str]) -> str:

@@ -69,12 +69,15 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     config.load_plugins(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    given = vars(build_parser(suppress_defaults=True).parse_args(argv))
+    from_file = {}
     if args.config:
+        from_file = config._load_yaml(args.config, parser)
         merged = vars(args)
-        merged.update(config._load_yaml(args.config, parser))
-        merged.update(vars(build_parser(suppress_defaults=True).parse_args(argv)))
+        merged.update(from_file)
+        merged.update(given)
         args = argparse.Namespace(**merged)
-    return args
+    return config.apply_dataset_defaults(args, {*given, *from_file})
 
 
 def check(args: argparse.Namespace) -> argparse.Namespace:

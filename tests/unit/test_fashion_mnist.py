@@ -121,3 +121,27 @@ def test_lenet_learns_from_fashion_mnist_batches(fashion):
     after = F.cross_entropy(model(x), y).item()
     assert before == pytest.approx(2.30, abs=0.05)  # ln 10: an untrained model's loss
     assert after < 0.7 * before, (before, after)
+
+
+def test_fashion_mnist_defaults_are_the_records_choice_and_flags_win(tmp_path):
+    """--dataset fashion-mnist gets the lr that ssgd's sweep on the validation split chose (and lenet);
+    a flag or a --config key wins over them; other datasets keep the job's defaults."""
+    import json
+
+    from hvd_async import config
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results", "fmnist_lr_sweep.json")
+    with open(path) as f:
+        record = json.load(f)
+    assert record["settings"]["evaluated_on"] == "val" and record["chosen_lr"] is not None
+    assert not {11, 12, 13, 14, 15, 16, 17, 18, 19, 20} & set(record["settings"]["seeds"])
+    chosen = config.DATASET_DEFAULTS["fashion-mnist"]
+    assert chosen == {"model": "lenet", "lr": record["chosen_lr"]}
+    args = config.parse(["--dataset", "fashion-mnist"])
+    assert (args.model, args.lr, args.momentum) == ("lenet", record["chosen_lr"], 0.9)
+    assert config.parse(["--dataset", "fashion-mnist", "--lr", "0.3"]).lr == 0.3
+    preset = tmp_path / "run.yaml"
+    preset.write_text("dataset: fashion-mnist\nmodel: mlp\n")
+    args = config.parse(["--config", str(preset)])
+    assert (args.model, args.lr) == ("mlp", record["chosen_lr"])
+    assert (config.parse([]).model, config.parse([]).lr) == ("mlp", 0.1)
