@@ -41,6 +41,12 @@ docs: setup
 study: setup
 	$(VENV)/bin/python benchmarks/reproduce.py
 
+# The whole fault matrix: every algorithm family x every way one rank fails x shared memory on and off
+# (benchmarks/faults.py; about 25 minutes here); make test runs its fast part (tests/test_faults.py).
+.PHONY: faults
+faults: setup
+	$(VENV)/bin/python benchmarks/faults.py
+
 # The long stress run (randomized asynchronous jobs); make test runs a short one.
 stress: setup
 	STRESS_RUNS=$${STRESS_RUNS:-40} STRESS_RESULTS=benchmarks/results/stress.json $(VENV)/bin/python -m pytest tests/test_stress.py -q -p no:cacheprovider

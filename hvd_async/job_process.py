@@ -155,13 +155,17 @@ def main(argv, train_worker) -> int:
     from .metrics import print_result
 
     record = None
+    errors = ha.worker_comm().Dup()  # where the workers find out whether an error hit all of them
     try:
         record = train_worker(args)
         if ha.rank() == 0:
             print_result(args, record)
-    except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # raised alike on every worker
-        if ha.rank() == 0 or "is not a readable image" in str(exc):  # (that one: on the worker reading it)
-            say(f"hvd_async.train: error: {exc}")
+    except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # alike on every worker, or not
+        alike = _every_worker_failed(errors, ALIKE_SECONDS)
+        if ha.rank() == 0 or not alike:
+            say(f"hvd_async.train: error: {'' if alike else f'worker {ha.rank()}: '}{exc}")
+        if not alike:  # the others train on and would wait for this one in their next collective
+            _abort_after(world, 0.5, 2)
         return 2
     except TrainingStopped as exc:  # raised alike on every worker; a restart would not help
         if ha.rank() == 0:
@@ -177,12 +181,17 @@ def main(argv, train_worker) -> int:
                 f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
                 f"names the missing ranks): {str(exc).splitlines()[0]}")
             _abort_after(world, 0.5, 5)
+        line = ha.runtime.departure_message(exc)  # another worker's leaving, not this one's error
+        if line is not None and not os.environ.get("HVD_ASYNC_DEBUG"):
+            say(line)
+            _abort_after(world, 1.0, 1)
         traceback.print_exc()
         sys.stderr.flush()
         world.Abort(1)
     finally:
         if not (record and record["dropped_workers"]):
             ha.shutdown()
+            errors.Free()
     if record["dropped_workers"]:  # results are out; the dropped workers never finish
         if ha.rank() == 0:
             say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "
@@ -190,6 +199,23 @@ def main(argv, train_worker) -> int:
         ha.shutdown()
         _abort_after(world, 30.0, 4)  # the servers end the job once they have reported
     return 0
+
+
+# How long a worker that met a bad-input error waits for the others to meet it too (the same error
+# on every worker: a clean exit, status 2) before it ends the job alone (one worker's bad file).
+ALIKE_SECONDS = 3.0
+
+
+def _every_worker_failed(comm, seconds: float) -> bool:
+    """Whether every worker of ``comm`` reaches this point within ``seconds`` (a non-blocking barrier,
+    left pending otherwise: the job then ends)."""
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if request.Test():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def exit_process(code: int) -> None:

@@ -85,6 +85,19 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
     return [(name, p) for name, p in named if id(p) in in_optimizer and last_name[id(p)] == name]
 
 
+def _exchanged(named: List[Tuple[str, torch.Tensor]]) -> List[Tuple[str, torch.Tensor]]:
+    """The parameters the algorithm exchanges and steps: those that require grad, as Horovod hooks
+    and sends only those. A frozen one (``requires_grad=False``: a fine-tuned model's backbone)
+    stays bit for bit as it is on every worker, under every algorithm; it is read when the optimizer
+    is built, as Horovod registers its hooks then."""
+    trained = [(name, p) for name, p in named if p.requires_grad]
+    if named and not trained:
+        raise ValueError(f"none of the optimizer's {len(named)} parameters requires grad, so there is "
+                         f"nothing to train or exchange; unfreeze some (p.requires_grad_(True)) before "
+                         f"building the DistributedOptimizer")
+    return trained
+
+
 _servers_served = False  # a DistributedOptimizer of this job has used its server ranks
 
 
@@ -179,7 +192,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if name in declared:
                 options.setdefault(name, value)
         parsed = parse_options(strategy_cls.Options, algorithm, options)
-        named = _named_parameters(optimizer, named_parameters)
+        named = _exchanged(_named_parameters(optimizer, named_parameters))
         strategy_cls.check_optimizer(optimizer)
         own_transport = transport is None
         if own_transport:
@@ -264,6 +277,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     _synchronized = False  # synchronize() was called since the last step() (Horovod's attribute)
     _should_synchronize = True  # False inside skip_synchronize() (Horovod's attribute)
+    _algorithm_state_taken = False  # algorithm_state_dict() was called: state_dict() then warns not
+    _state_warned = False
 
     @contextmanager
     def skip_synchronize(self):
@@ -300,7 +315,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """The wrapped optimizer's state, in torch's format (local: no exchange). The algorithm's
-        own state (counters, server shards) is :meth:`algorithm_state_dict`."""
+        own state (counters, server shards) is :meth:`algorithm_state_dict`: where the update runs on
+        the servers (dc-asgd, lc-asgd, softsync, od-sgd, backup-sgd) the first call warns once, unless
+        that was taken first, since a Horovod-style checkpoint of this alone would not resume them."""
+        if not (self.strategy.runs_user_optimizer or self._algorithm_state_taken or self._state_warned
+                or _called_by_horovod_state_broadcast()):
+            self._state_warned = True
+            warnings.warn(f"opt.state_dict() under {self.algorithm} holds the wrapped optimizer's settings only: "
+                          f"the servers' momentum and the algorithm's state are not in it. To resume, save "
+                          f"opt.algorithm_state_dict() beside it (after opt.load_global_model(), on every worker) "
+                          f"and put it back with opt.load_algorithm_state_dict()", UserWarning, stacklevel=2)
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -323,6 +347,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the rules' buffers), for exact resume. Take it on every worker after
         :meth:`load_global_model` (nothing in flight)."""
         self.begin()
+        self._algorithm_state_taken = True
         return {"algorithm": self.algorithm, "version": checkpoint.ALGORITHM_STATE_VERSION,
                 "strategy": self.strategy.state_dict()}
 

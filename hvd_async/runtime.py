@@ -35,6 +35,8 @@ class _Runtime:
         self.win_comm = self.world.Dup()  # parent of each window transport's own communicator
         self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
+        self.exits = self.group.Dup()  # a worker whose process exits tells the others here (departed())
+        self.departed = set()
         self.finished = False
         # (collective, once) this rank's CPUs and those of every rank on its node: the torch threads it
         # should run (threads_per_rank), and whether a server's loop gives its core away while it spins
@@ -95,7 +97,7 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
 
         hvd.init(comm=rt.group)
     _rt = rt
-    atexit.register(shutdown)
+    atexit.register(_shutdown_at_exit)
     if world > 1:
         sys.excepthook = _end_job_on_uncaught
     logger.info("started: world rank %d of %d, %s %d", rt.world.rank, world, rt.role.value, rt.group.rank)
@@ -109,11 +111,55 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
 ABORT_GRACE_SECONDS = 1.0
 
 
+TAG_EXIT = 7302  # on _Runtime.exits: this worker's process is exiting
+
+
 def _end_job_on_uncaught(exc_type, exc, tb) -> None:
     """sys.excepthook: print the traceback, then end every rank of the job (MPI_Abort): the others may
-    sit in a collective or a window this rank will never join."""
-    sys.__excepthook__(exc_type, exc, tb)
+    sit in a collective or a window this rank will never join. Where the error is only that another
+    worker has left (its process exited, or it closed its transport), one line says so and names it,
+    without the traceback (``HVD_ASYNC_DEBUG=1`` prints it too)."""
+    line = departure_message(exc)
+    if line is None or os.environ.get("HVD_ASYNC_DEBUG"):
+        sys.__excepthook__(exc_type, exc, tb)
+    if line is not None:
+        sys.stderr.write(line + "\n")
     _abort(1)
+
+
+def departed() -> List[int]:
+    """Workers whose processes have told this one they are exiting (the exit hook)."""
+    from mpi4py import MPI
+
+    rt = _rt
+    if rt is None or rt.role is not Role.WORKER:
+        return []
+    import numpy as np
+
+    status, note = MPI.Status(), np.zeros(1, dtype=np.int64)
+    while rt.exits.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_EXIT, status=status):
+        rt.exits.Recv(note, source=status.Get_source(), tag=TAG_EXIT)
+        rt.departed.add(status.Get_source())
+    return sorted(rt.departed)
+
+
+def departure_message(exc) -> Optional[str]:
+    """One line naming the workers that left, where ``exc`` is only the consequence of their leaving
+    (a collective that cannot complete without them); None otherwise."""
+    from .transport.leave import PeerLeftError
+
+    horovod_gone = type(exc).__name__ == "HorovodInternalError" and "has been shut down" in str(exc)
+    if not (isinstance(exc, PeerLeftError) or horovod_gone) or _rt is None or _rt.role is not Role.WORKER:
+        return None
+    me = _rt.group.rank
+    if isinstance(exc, PeerLeftError):
+        return f"hvd_async: error: worker {me}: {exc}"
+    gone = departed()
+    if not gone:
+        return None
+    return (f"hvd_async: error: worker {me}: worker(s) {', '.join(map(str, gone))} left the job (the process "
+            f"exited) while this worker still trains: Horovod's collectives cannot go on without it; "
+            f"ending the job (its own message, if any, is above)")
 
 
 def _abort(code: int) -> None:
@@ -301,6 +347,35 @@ def _register_transport(transport) -> None:
 def _unregister_transport(transport) -> None:
     if _rt is not None and transport in _rt.transports:
         _rt.transports.remove(transport)
+
+
+def _shutdown_at_exit() -> None:
+    """The exit hook: as :func:`shutdown`, but first, on a worker, stop Horovod as Horovod's own exit
+    hook does (after closing the transports that run over it), and tell the other workers this one is
+    exiting. This process will join no collective again: a worker still training then gets Horovod's
+    error at its next allreduce ("one of the ranks finished execution") instead of waiting there for
+    ever while this one waits for it to close the windows (transport/leave.py), and its error names
+    this worker (:func:`departure_message`)."""
+    rt = _rt
+    if rt is None or rt.finished:
+        return
+    if rt.role is Role.WORKER:
+        import horovod.torch as hvd
+        import numpy as np
+
+        note = np.zeros(1, dtype=np.int64)
+        sends = [rt.exits.Isend(note, dest=r, tag=TAG_EXIT) for r in range(rt.group.size) if r != rt.group.rank]
+        for transport in [t for t in rt.transports if not t.closes_collectively]:
+            transport.close()
+            rt.transports.remove(transport)
+        if hvd.is_initialized():
+            hvd.shutdown()
+        shutdown()
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(sends)  # (small messages: complete once sent, received or not)
+        return
+    shutdown()
 
 
 def shutdown() -> None:

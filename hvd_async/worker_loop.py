@@ -154,8 +154,8 @@ class WorkerLoop:
         """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
         from . import checkpoint
 
-        part = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "algorithm": self.opt.algorithm_state_dict(),
+        part = {"model": self.model.state_dict(), "algorithm": self.opt.algorithm_state_dict(),
+                "optimizer": self.opt.state_dict(),
                 "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
                 "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
                 "last_epoch": self.source.last_epoch}

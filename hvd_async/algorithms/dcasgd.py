@@ -13,8 +13,8 @@ from ..rules import DCRule
 from ..rules.dc import SCRATCH_KEYS, scratch
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram, MailboxStrategy,
-                 check_lookahead, check_push_rate)
+from .ps import (F_GRAD_NORM, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram,
+                 MailboxStrategy, check_lookahead, check_push_rate)
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
@@ -65,7 +65,9 @@ def check_push_clip(value) -> None:
 
 class PushClip:
     """Scales down a push whose gradient norm exceeds ``factor`` times the running mean of the pushes'
-    gradient norms on this shard, to that bound. The mean decays by 0.9 a push and takes each norm
+    gradient norms, to that bound. The norm is the whole gradient's (the worker sends it with the push),
+    so every shard keeps the same mean and scales its slice by the same factor: the applied step stays
+    parallel to the gradient with any number of servers. The mean decays by 0.9 a push and takes each norm
     as kept (clipped), so one push far out of line moves the bound little."""
 
     DECAY = 0.9
@@ -129,6 +131,10 @@ class DCASGD(MailboxStrategy):
     """
 
     name = "dc-asgd"
+
+    @classmethod
+    def sends_grad_norm(cls, options) -> bool:
+        return bool(options.push_clip)  # the clip reads the whole gradient's norm, not this shard's
     Options = DCASGDOptions
     compensates = True
 
@@ -236,8 +242,9 @@ class DCProgram(MailboxProgram):
         if grad_norm is None:
             grad_norm = float(grad.norm())
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
-        if self.push_clip is not None:
-            scale = self.push_clip.scale(grad_norm)
+        if self.push_clip is not None:  # on the whole gradient's norm (the worker sends it): every shard alike
+            whole = float(payload[F_GRAD_NORM])
+            scale = self.push_clip.scale(whole if whole > 0 else grad_norm)
             if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
                 step = torch.mul(step, scale, out=scratch(self.state, grad, 1)[0])
         kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]

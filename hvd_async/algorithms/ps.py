@@ -29,7 +29,7 @@ Gradients holding NaN or infinity are never pushed: the worker skips the exchang
 in ``stats()["skipped_nonfinite"]`` and logs it; the servers check again before applying.
 """
 import logging
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 # A push's payload as the family's strategies write it and their server programs read it (the
 # window transport carries these fields without knowing them)
-F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS = range(5)
+F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS, F_GRAD_NORM = range(6)
 
 
 def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
@@ -302,12 +302,19 @@ class MailboxStrategy(PSStrategy):
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
+        self._send_norm = self.sends_grad_norm(options)
         # softsync scales its aggregates on the server (it knows how many gradients each holds)
         self._scale = 1.0 if self.name == "softsync" else push_scale(options, transport.size)
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
         check_server_sgd(cls.name, optimizer)
+
+    @classmethod
+    def sends_grad_norm(cls, options) -> bool:
+        """Whether each push carries the whole gradient's 2-norm (``F_GRAD_NORM``): a server holds one
+        shard's slice only, and a clip on the whole norm scales every shard's slice alike."""
+        return False
 
     @classmethod
     def hyper(cls, optimizer) -> Dict[int, float]:
@@ -318,6 +325,8 @@ class MailboxStrategy(PSStrategy):
         payload[F_LR] *= self._scale
         if loss is not None:
             payload[F_LOSS] = float(loss)
+        if self._send_norm:
+            payload[F_GRAD_NORM] = float(grad.norm())
         answers = self.transport.push(grad, self.model.flat, payload)
         self.model.load_params()
         if answers.all(W.Status.APPLIED):
@@ -353,6 +362,8 @@ class MailboxProgram(W.ServerProgram):
     pass for both) and hands it to ``on_push``."""
 
     uses_grad_norm = False
+    momentum: Optional[List[Dict]] = None  # per-worker SGD state, where the program keeps one
+    lookahead: Optional[Lookahead] = None  # the sum of those buffers, where it answers ahead
 
     def __init__(self, host):
         super().__init__(host)
@@ -425,4 +436,12 @@ class MailboxProgram(W.ServerProgram):
 
     def on_leave(self, worker) -> None:
         self.active.discard(worker)
+
+    def on_close(self, worker) -> None:
+        """A worker gone for good no longer moves the weights: its momentum buffer leaves the
+        look-ahead's sum, and is cleared so that a sum rebuilt after a checkpoint load agrees."""
+        if self.momentum is not None:
+            if self.lookahead is not None:
+                self.lookahead.remove(self.momentum[worker])
+            self.momentum[worker].clear()
 

@@ -32,6 +32,10 @@ class ReduceOp(enum.Enum):
 class Transport(abc.ABC):
     """Owns communication resources. ``close()`` frees them; any later call raises."""
 
+    # whether close() waits for the other workers to close too (window transports: the windows'
+    # free is collective); the exit hook closes the others first (hvd_async.runtime)
+    closes_collectively = False
+
     def __init__(self):
         self._closed = False
 

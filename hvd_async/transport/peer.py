@@ -40,6 +40,7 @@ import torch
 
 from ..checks import is_finite_number
 from .base import Transport
+from .leave import LeaveWatch
 from .window import OSC_HINT
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class PeerWindowTransport(Transport):
         peer = torch.empty(10); t.get((t.rank + 1) % t.size, peer)
         t.close()
     """
+
+    closes_collectively = True
 
     def __init__(self, numel: int, *, comms, name: str, progress_interval: float = 0.001):
         super().__init__()
@@ -101,7 +104,8 @@ class PeerWindowTransport(Transport):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._progress_loop, name=f"{name}-mpi-progress", daemon=True)
         self._thread.start()
-        self.comm.Barrier()  # every window exists and is zeroed before anyone touches a peer's
+        self._watch = LeaveWatch(self.comm, f"{name} transport")  # no collective waits for a leaver
+        self._watch.barrier(self.comm, "the start")  # every window exists and is zeroed before anyone touches a peer's
 
     # --- who we are ------------------------------------------------------------------------
     @property
@@ -180,18 +184,21 @@ class PeerWindowTransport(Transport):
             win.Unlock(peer)
 
     # --- collectives over the workers ----------------------------------------------------------
-    def barrier(self) -> None:
-        """Wait for every worker (it also drives MPI progress while it waits)."""
+    def barrier(self, what: str = "a barrier") -> None:
+        """Wait for every worker (it also drives MPI progress while it waits); raises
+        :class:`~hvd_async.transport.leave.PeerLeftError` if one has closed instead."""
         self._check_open()
-        self.comm.Barrier()
+        self._watch.barrier(self.comm, what)
 
     def allgather_object(self, obj) -> List[Any]:
         self._check_open()
+        self._watch.barrier(self.comm, "an allgather")  # everyone is there: the allgather cannot hang
         return self.comm.allgather(obj)
 
     def broadcast_(self, tensor: torch.Tensor, *, root: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` (contiguous CPU) with ``root``'s on every worker."""
         self._check_open()
+        self._watch.barrier(self.comm, "a broadcast")
         self.comm.Bcast(tensor.numpy(), root=root)
         return tensor
 
@@ -200,6 +207,7 @@ class PeerWindowTransport(Transport):
         and broadcast from there, so no worker sums in a different order)."""
         self._check_open()
         array = tensor.numpy()
+        self._watch.barrier(self.comm, "a sum over the workers")
         if self._rank == 0:
             self.comm.Reduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM, root=0)
         else:
@@ -208,11 +216,14 @@ class PeerWindowTransport(Transport):
         return tensor
 
     def close(self) -> None:
-        """Collective over the workers: once every worker is done with every window, stop the progress
-        thread and free the windows. Later calls raise."""
+        """Collective over the workers: tell the others this worker has left (a collective of theirs
+        it will never join raises instead of waiting); once every worker is done with every window,
+        stop the progress thread and free the windows. Later calls raise."""
         if self._closed:
             return
-        self.comm.Barrier()  # no access to any window is in flight past this point
+        self._watch.announce()
+        self._watch.wait_all_closed(self.comm, "close()")  # no access to any window is in flight past this point
+        self._watch.free()
         self._stop.set()
         self._thread.join()
         self._closed = True

@@ -269,6 +269,7 @@ def fp16_through_the_windows():
                                           compression=compression, **({"lam": 0.0} if algorithm != "softsync" else {}))
             check(opt.strategy.transport.spec.wire == ("fp16" if compression == "fp16" else "fp32"),
                   f"{algorithm}: wire {opt.strategy.transport.spec.wire}")
+            opt.begin()  # collective: before the turns, where one worker steps while the others wait
             for step in range(3):  # one worker at a time: the same order of pushes in both runs
                 for turn in range(n):
                     if turn == rank:

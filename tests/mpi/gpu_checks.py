@@ -260,6 +260,7 @@ def _push_sequence(algorithm, dev, grads, *, lockstep, rounds, **options):
                 p.grad = g.to(dev)
             opt.step()
     else:
+        opt.begin()  # collective: before the turns
         for turn in range(rounds * workers):
             if turn % workers == rank:
                 for p, g in zip(params, grads[turn]):

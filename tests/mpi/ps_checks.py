@@ -101,6 +101,7 @@ def no_lost_update():
 def _round_robin(opt, param, grads, *, rounds, losses=None):
     """Workers push in turn (worker t % W at turn t), each push finished before the next starts."""
     workers, rank = ha.size(), ha.rank()
+    opt.begin()  # collective: before the turns, where one worker steps while the others wait in a barrier
     for turn in range(rounds * workers):
         if turn % workers == rank:
             param.grad = grads[turn].clone()
@@ -294,6 +295,7 @@ def asgd_lookahead():
         groups = [{"params": [p], "momentum": mu} for p, mu in zip(params, momenta)]
         opt = ha.DistributedOptimizer(torch.optim.SGD(groups, lr=lr), named_parameters=[("a", params[0]), ("b", params[1])],
                                       algorithm="asgd", lookahead=lookahead)
+        opt.begin()  # collective: before the turns
         for turn in range(rounds * workers):
             if turn % workers == rank:
                 for p, g in zip(params, grads[turn].split(sizes)):

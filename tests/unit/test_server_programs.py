@@ -173,3 +173,58 @@ def test_a_server_skips_a_non_finite_gradient_and_applies_the_next(make, bad):
     push(program, 0, torch.ones(N))
     assert program.host.answers[-1][2] is W.Status.APPLIED
     assert torch.isfinite(program.host.weights).all() and not torch.equal(program.host.weights, w0)
+
+
+@pytest.mark.parametrize("algorithm", ["dc-asgd", "softsync"])
+def test_a_closed_workers_momentum_leaves_the_look_ahead(algorithm):
+    """After worker 2 closes (or is dropped), the look-ahead's running sum is the sum of the others'
+    buffers: the answers no longer carry the momentum of a worker that will never push again."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
+    if algorithm == "dc-asgd":
+        program = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    else:
+        program = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum="per-worker",
+                                  lookahead=True)
+    rng = gradients(3, seed=5)
+    for r in range(3):
+        for worker in range(WORKERS):
+            push(program, worker, rng[r][worker])
+    buffers = lambda: [s["momentum_buffer"] for s in program.momentum if "momentum_buffer" in s]  # noqa: E731
+    assert torch.allclose(program.lookahead.total, sum(buffers()), atol=1e-6)
+    gone = program.momentum[2]["momentum_buffer"].clone()
+    assert gone.abs().sum() > 0
+    program.on_leave(2)
+    program.on_close(2)
+    remaining = sum(program.momentum[w]["momentum_buffer"] for w in (0, 1, 3))
+    assert torch.allclose(program.lookahead.total, remaining, atol=1e-6), \
+        (program.lookahead.total - remaining).abs().max()
+    push(program, 0, rng[0][0])  # and the sum stays right as the others go on
+    assert torch.allclose(program.lookahead.total, sum(buffers()), atol=1e-6)
+
+
+def test_the_push_clip_reads_the_whole_gradients_norm_so_shards_scale_alike():
+    """Two shards of one gradient: each server sees its slice only, but the clip scales both by the
+    whole gradient's norm (sent with the push), so the applied step is parallel to the gradient. Here
+    shard A's slice is as large as the first push's while shard B's grew tenfold: per-shard norms
+    would clip B alone."""
+    from hvd_async.algorithms.ps import F_GRAD_NORM
+
+    def clip_push(program, worker, grad, whole):
+        h = np.zeros(W.H_LEN, dtype=np.float64)
+        W.encode_request(h, W.Kind.PUSH, {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_GRAD_NORM: whole})
+        program.host.inbox[worker].copy_(grad)
+        program.on_request(worker, W.Request.decode(h, 0, worker))
+
+    w0 = torch.zeros(N)
+    shards = [DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5) for _ in range(2)]
+    first = [torch.ones(N), torch.ones(N)]
+    second = [torch.ones(N), 10 * torch.ones(N)]
+    for program, g in zip(shards, first):
+        clip_push(program, 0, g, float(torch.cat(first).norm()))
+    before = [p.host.weights.clone() for p in shards]
+    for program, g in zip(shards, second):
+        clip_push(program, 1, g, float(torch.cat(second).norm()))
+    steps = [b - p.host.weights for b, p in zip(before, shards)]
+    scales = [float(step.norm() / (0.1 * g.norm())) for step, g in zip(steps, second)]
+    assert scales[0] < 1.0, scales  # the push was clipped ...
+    assert scales[0] == pytest.approx(scales[1], rel=1e-6), scales  # ... by one factor on both shards

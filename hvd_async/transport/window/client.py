@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..base import Transport
+from ..leave import LeaveWatch
 from .counters import MetaAccess
 from .layout import (HIST_BINS, H_LEN, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
                      TAG_CLOSE, TAG_OPEN, TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Answers, Kind, Pending,
@@ -26,6 +27,8 @@ class WindowTransport(MetaAccess, Transport):
         mode: ``"accumulate"`` or ``"mailbox"`` (see the module docstring).
         options: the server rule's options (plain values, pickled to the servers).
     """
+
+    closes_collectively = True
 
     def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
                  wire: str = "fp32"):
@@ -57,6 +60,7 @@ class WindowTransport(MetaAccess, Transport):
         self.comm = comms.win_comm.Dup()
         self._win = _Windows(self.comm, self.spec, None)
         self._win.lock_all()
+        self._watch = LeaveWatch(comms.group, f"{algorithm} transport")  # no collective waits for a leaver
         self._versions = np.zeros(comms.servers, dtype=np.int64)   # version each shard had at the last pull
         self.latest_versions = np.zeros(comms.servers, dtype=np.int64)  # newest version seen per shard
         self._one = np.ones(1, dtype=np.int64)
@@ -86,13 +90,9 @@ class WindowTransport(MetaAccess, Transport):
     def rank(self) -> int:
         return self._rank
 
-    @property
-    def size(self) -> int:
-        return self.spec.workers
+    size = property(lambda self: self.spec.workers)
 
-    @property
-    def servers(self) -> int:
-        return self.spec.servers
+    servers = property(lambda self: self.spec.servers)
 
     @property
     def versions(self) -> np.ndarray:
@@ -101,12 +101,13 @@ class WindowTransport(MetaAccess, Transport):
 
     def allgather_object(self, obj) -> List[Any]:
         self._check_open()
+        self._watch.barrier(self._workers_comm, "an allgather")  # then the allgather cannot hang
         return self._workers_comm.allgather(obj)
 
-    def barrier(self) -> None:
-        """Wait for every worker (the servers are not involved)."""
+    def barrier(self, what: str = "a barrier") -> None:
+        """Wait for every worker (not the servers); PeerLeftError if one has closed instead."""
         self._check_open()
-        self._workers_comm.Barrier()
+        self._watch.barrier(self._workers_comm, what)
 
     # --- helpers ------------------------------------------------------------------------------
     def _slices(self, flat: torch.Tensor):
@@ -158,9 +159,9 @@ class WindowTransport(MetaAccess, Transport):
             for k, part, target in self._weight_slices(flat):
                 self._win.weights.Put(part, k, target=target)
                 self._win.weights.Flush(k)
-        self._workers_comm.Barrier()
+        self._watch.barrier(self._workers_comm, "the start (worker 0's weights published)")
         self.pull(flat)
-        self._workers_comm.Barrier()  # nobody pushes before everyone has the initial weights
+        self._watch.barrier(self._workers_comm, "the start")  # nobody pushes before everyone has the initial weights
 
     def pull_async(self, flat: torch.Tensor) -> Pending:
         """Start reading the global weights into ``flat`` (``Rget`` from every shard)."""
@@ -401,6 +402,7 @@ class WindowTransport(MetaAccess, Transport):
         self._check_idle()
         self._workers_comm = comm
         self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
+        self._watch.ignored |= set(self.dropped)
         if tell_servers:
             for k in range(self.servers):
                 self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
@@ -418,8 +420,8 @@ class WindowTransport(MetaAccess, Transport):
         self._hist_pushes = int(state["hist_pushes"])
 
     def close(self) -> None:
-        """Collective over the job: waits for this worker's exchange in flight, then frees the windows
-        once every worker has closed (the servers keep serving the others meanwhile)."""
+        """Collective over the job: finishes this worker's exchange in flight, tells the other workers it
+        has left (their collectives raise instead of waiting for it), frees the windows once all have."""
         if self._closed:
             return
         if self._pending is not None:
@@ -429,9 +431,12 @@ class WindowTransport(MetaAccess, Transport):
         self._closed = True
         if self._trace is not None:
             self._trace.close()
+        self._watch.announce()
         for k in range(self.servers):
             self.comm.send(None, dest=k, tag=TAG_CLOSE)
         if not self.dropped:  # (a dropped worker would never join the free)
+            self._watch.wait_all_closed(self._workers_comm, "close()")  # every worker is here: the frees cannot hang
+            self._watch.free()
             self._win.free()
             self.comm.Free()
 

@@ -53,6 +53,10 @@ class ServerProgram:
     def on_leave(self, worker: int) -> None:
         """``worker`` stopped pushing for now (idle, closed, set aside or dropped)."""
 
+    def on_close(self, worker: int) -> None:
+        """``worker`` will never push again (it closed its transport, or the others dropped it); called
+        after :meth:`on_leave`."""
+
     def waiting_on(self) -> Iterable[int]:
         """The workers whose gradients an update now waits for (empty when nothing waits): with
         ``--worker-timeout`` the host stops waiting for one that has sent nothing for that long."""
@@ -177,6 +181,7 @@ class ShardHost:
                 self.closed.add(worker)
                 if worker not in self.dropped:
                     self.program.on_leave(worker)
+                    self.program.on_close(worker)
             elif tag == TAG_STATE:
                 what, state = self.comm.recv(source=source, tag=TAG_STATE)
                 self.sync()
@@ -227,6 +232,7 @@ class ShardHost:
                 self.dropped.add(worker)
                 self.closed.add(worker)
                 self.program.on_leave(worker)
+                self.program.on_close(worker)
         return ("ok", None)
 
     def state_dict(self) -> Dict[str, Any]:

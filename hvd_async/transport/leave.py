@@ -1,0 +1,123 @@
+"""Collectives among the workers that never wait for a worker that has left.
+
+A worker leaves a transport when it closes it: ``opt.close()``, a ``finally`` after an error it
+caught, ``sys.exit`` (the exit hook closes what is open), a constructor that failed on that worker
+alone. Its peers may then sit in a collective (a barrier of ``load_global_model``, a window free)
+that the leaver will never join, and MPI's blocking collectives would wait for ever.
+
+So every collective of a window transport goes through :class:`LeaveWatch`: the collective is
+entered with a non-blocking barrier, polled; a worker that closes first tells every peer how many
+collectives it entered (its *count*). All workers run the same collectives in the same order, so a
+worker waiting in its collective number ``k`` knows that a peer which left after ``c <= k``
+collectives will never come, and raises :class:`PeerLeftError` naming it (uncaught, the job ends:
+``hvd_async.init``'s hook aborts every rank). Once the barrier is passed everyone is there, and the
+blocking MPI call that follows (an allgather, a broadcast) cannot hang.
+
+Closing is itself a collective (the windows' free is one): the closing worker waits, polled in the
+same way, until every peer has closed too. Peers still training go on; a peer that reaches a
+collective sees the notice and raises. A closing worker's wait is the only one a peer cannot end
+this way when that peer waits in something else (a Horovod allreduce of the script's own): at exit
+the runtime shuts Horovod down before it closes the windows, as Horovod's own exit does, so that
+such an allreduce fails on the others ("one of the ranks finished execution").
+"""
+import os
+import time
+from typing import List, Optional
+
+import numpy as np
+
+TAG_LEFT = 7301  # a worker has closed this transport; payload: how many collectives it had entered
+
+# Polling a request: spin (yielding the core) this long, then sleep between tests; the same wait
+# as MPI's own progress loops, without holding a core while a slow peer computes.
+SPIN_SECONDS = 0.002
+SLEEP_SECONDS = 0.0005
+
+
+class PeerLeftError(RuntimeError):
+    """A collective cannot complete: a worker it needs has closed its transport or left the job."""
+
+
+class LeaveWatch:
+    """Leave notices among the workers of one transport, over a duplicate of their communicator.
+
+    Args:
+        comm: the workers' communicator (duplicated here; freed by :meth:`free`).
+        what: the transport's name, for messages.
+    """
+
+    def __init__(self, comm, what: str):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = comm.Dup()
+        self.what = what
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.count = 0  # collectives this worker has entered
+        self.left = {}  # worker rank -> how many collectives it had entered when it closed
+        self.ignored: set = set()  # workers the others went on without (--worker-timeout)
+        self._notices: List = []
+        self._inbox = np.zeros(1, dtype=np.int64)
+        self._freed = False
+
+    def poll(self) -> None:
+        """Take in the leave notices that have arrived."""
+        status = self._MPI.Status()
+        while self.comm.Iprobe(source=self._MPI.ANY_SOURCE, tag=TAG_LEFT, status=status):
+            source = status.Get_source()
+            self.comm.Recv([self._inbox, self._MPI.INT64_T], source=source, tag=TAG_LEFT)
+            self.left[source] = int(self._inbox[0])
+
+    def gone(self, entered: int) -> List[int]:
+        """Workers that left before entering collective number ``entered`` (0-based)."""
+        return sorted(r for r, count in self.left.items() if count <= entered and r not in self.ignored)
+
+    def wait(self, request, what: str, *, index: Optional[int] = None) -> None:
+        """Poll ``request`` (a collective's) until it completes; raise :class:`PeerLeftError` when a
+        worker it needs has left (``index``: the collective's number; None: closing, where a leave
+        notice is every peer's arrival rather than a loss)."""
+        start = time.perf_counter()
+        while not request.Test():
+            self.poll()
+            gone = self.gone(index) if index is not None else []
+            if gone and not request.Test():
+                names = ", ".join(map(str, gone))
+                raise PeerLeftError(
+                    f"{self.what}: worker(s) {names} left the job (closed the optimizer or the transport, "
+                    f"or the process exited) before {what}, which needs every worker; "
+                    f"worker {self.rank} cannot go on with the others (the leaving worker's own message, if "
+                    f"any, is above)")
+            if time.perf_counter() - start < SPIN_SECONDS:
+                os.sched_yield()
+            else:
+                time.sleep(SLEEP_SECONDS)
+
+    def barrier(self, comm, what: str) -> None:
+        """A barrier over ``comm`` (the workers, or those left after a drop) that raises instead of
+        waiting for a worker that has left."""
+        index = self.count
+        self.count += 1
+        self.wait(comm.Ibarrier(), what, index=index)
+
+    def announce(self) -> None:
+        """Tell every peer this worker has closed, after ``count`` collectives (non-blocking)."""
+        payload = np.array([self.count], dtype=np.int64)
+        self._payload = payload  # (kept alive until the sends complete)
+        for peer in range(self.size):
+            if peer != self.rank and peer not in self.ignored:
+                self._notices.append(self.comm.Isend([payload, self._MPI.INT64_T], dest=peer, tag=TAG_LEFT))
+
+    def wait_all_closed(self, comm, what: str) -> None:
+        """Closing: wait (polled) until every worker of ``comm`` has closed too."""
+        self.wait(comm.Ibarrier(), what)
+
+    def free(self) -> None:
+        """After the closing barrier: take the peers' notices and free the communicator (collective)."""
+        if self._freed:
+            return
+        self._freed = True
+        self._MPI.Request.Waitall(self._notices)
+        expected = {r for r in range(self.size) if r != self.rank and r not in self.ignored}
+        while not expected <= set(self.left):
+            self.poll()
+        self.comm.Free()

@@ -1,0 +1,47 @@
+"""The fast part of the fault matrix (the whole: ``make faults``, benchmarks/faults.py): one worker
+leaving a job early, in the ways that used to hang (``sys.exit(0)``, ``opt.close()`` in a ``finally``,
+a DataError on that worker alone), ends the whole job within seconds, with a non-zero exit status and
+a line naming it; and frozen parameters stay bit for bit under every algorithm."""
+import os
+import sys
+
+import pytest
+
+from procs import mpirun
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import faults  # noqa: E402  (benchmarks/faults.py: the matrix's cell runner)
+
+SERVERLESS = ("ssgd", "hpsgd", "gossip")
+
+
+@pytest.mark.parametrize("algo,fault,shm", [
+    ("asgd", "exit0", True), ("asgd", "close", False), ("dc-asgd", "close", True),
+    ("softsync", "exit0", False), ("gossip", "exit0", True), ("gossip", "close", False),
+    ("easgd", "close", True), ("ssgd", "exit0", True), ("asgd", "data-error", True),
+])
+def test_one_worker_leaving_ends_the_job(algo, fault, shm):
+    cell = faults.run_cell(algo, fault, shm, hang=150, limit=30)
+    assert not cell["hang"], f"{algo} {fault}: the job hung\n{cell.get('output_tail', '')}"
+    assert cell["exit_status"] != 0, cell
+    assert cell["named"], f"no line names the leaving worker:\n{cell.get('output_tail', '')}"
+    assert not cell["left_processes"], cell
+    assert cell["seconds_after_fault"] <= 30, cell
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd",
+                                  "hpsgd", "gossip", "easgd"])
+def test_a_frozen_layer_stays_bit_for_bit(algo):
+    """torch.optim.SGD with momentum and weight decay over a model whose first layer does not require
+    grad: that layer is neither stepped nor exchanged (as under torch and Horovod); the head trains."""
+    servers = 0 if algo in SERVERLESS else 1
+    env = {"ALGO": algo, "SERVERS": str(servers)}
+    result = mpirun(2 + servers, [sys.executable, "tests/mpi/frozen_job.py"], env=env, timeout=180)
+    assert result.returncode == 0, result
+    lines = [line for line in result.out.splitlines() if line.startswith("WORKER")]
+    assert len(lines) == 2, result
+    for line in lines:
+        assert "frozen_same=True" in line and "head_moved=True" in line, line
+        # opt.state_dict() alone would not resume the servers' state: said once, where there is any
+        warned = algo in ("dc-asgd", "lc-asgd", "softsync", "od-sgd")
+        assert f"state_warnings={int(warned)}" in line, line
