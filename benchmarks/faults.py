@@ -12,6 +12,8 @@ Cells that cannot apply (a server fault where the algorithm has no server) are l
 
     python benchmarks/faults.py                      # the whole matrix -> benchmarks/results/faults.json
     python benchmarks/faults.py --algos asgd,gossip --faults exit0,close --shm on
+    python benchmarks/faults.py --package-root ../old --out benchmarks/results/faults_before.json
+        (the same cells against the package of another checkout: the record names its commit)
 """
 import argparse
 import os
@@ -52,13 +54,15 @@ def not_applicable(algo: str, fault: str) -> str:
     return ""
 
 
-def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float) -> dict:
+def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, package_root: str = "") -> dict:
     servers = FAMILIES[algo]
     from hvd_async.launcher import mpirun_command
 
     env = dict(os.environ, ALGO=algo, FAULT=fault, SERVERS=str(servers), LEAVER=str(LEAVER), PYTHONUNBUFFERED="1")
+    if package_root:  # the hvd_async under test comes from there
+        env["PYTHONPATH"] = os.path.abspath(package_root)
     cmd = mpirun_command(WORKERS + servers, [sys.executable, JOB], mpi_args="" if shm else NO_SHM,
-                         env=["ALGO", "FAULT", "SERVERS", "LEAVER"])
+                         env=["ALGO", "FAULT", "SERVERS", "LEAVER"] + (["PYTHONPATH"] if package_root else []))
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
@@ -97,6 +101,8 @@ def main() -> int:
     p.add_argument("--shm", choices=("on", "off", "both"), default="both", help="shared memory (default both)")
     p.add_argument("--limit", type=float, default=30.0, help="seconds from the fault to the job's end (default 30)")
     p.add_argument("--hang", type=float, default=120.0, help="seconds after which a cell counts as a hang (120)")
+    p.add_argument("--package-root", default="", metavar="DIR",
+                   help="test the hvd_async package of the checkout DIR (e.g. a worktree of an older commit)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "faults.json"))
     args = p.parse_args()
     algos, faults = args.algos.split(","), args.faults.split(",")
@@ -115,7 +121,7 @@ def main() -> int:
                 skipped.append({"algorithm": algo, "fault": fault, "why": why})
                 continue
             for shm in shms:
-                cell = run_cell(algo, fault, shm, args.hang, args.limit)
+                cell = run_cell(algo, fault, shm, args.hang, args.limit, args.package_root)
                 cells.append(cell)
                 done = "HANG" if cell["hang"] else f"{cell['seconds_after_fault']} s"
                 print(f"[{len(cells)}] {algo:9s} {fault:12s} shm={'on ' if shm else 'off'} "
@@ -123,6 +129,8 @@ def main() -> int:
     summary = {"workers": WORKERS, "leaver": LEAVER, "limit_seconds": args.limit, "hang_seconds": args.hang,
                "criterion": "ends within limit_seconds of the fault, exit status non-zero, the failing rank "
                             "named in a line of the output, no process of the job's process group left",
+               "package_commit": (common.git("-C", os.path.abspath(args.package_root), "rev-parse", "HEAD")
+                                  if args.package_root else "the record's own commit"),
                "cells": cells, "not_applicable": skipped,
                "passed": sum(c["passed"] for c in cells), "failed": sum(not c["passed"] for c in cells)}
     common.write_record(summary, args.out)
