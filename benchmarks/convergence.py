@@ -35,7 +35,8 @@ import time
 
 from common import HERE, apply_quick, pyplot, quick_help, train_job, write_record
 
-ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd")
+ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd",
+              "backup-sgd")
 SERVERLESS = ("ssgd", "hpsgd", "gossip")  # everything else gets one server rank on top of the workers
 SETTINGS = {  # name -> (model, workers, straggler flags, seeds used by default)
     "mlp-4": ("mlp", 4, [], 5),

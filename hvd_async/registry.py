@@ -1,4 +1,4 @@
-"""The one table of algorithm names: what each is, where it comes from, and its strategy; the ten
+"""The one table of algorithm names: what each is, where it comes from, and its strategy; the eleven
 built in, and those a plugin adds (:func:`register`, the ``hvd_async.algorithms`` entry points, or a
 module named by ``--plugin``)."""
 import importlib.util
@@ -57,6 +57,9 @@ _ROWS = (
                   "hvd_async.algorithms.softsync:SoftSync"),
     AlgorithmInfo("dbs-asgd", "ASGD with batch sizes set by each worker's measured speed",
                   "Ji et al., 2019", True, "hvd_async.algorithms.dbs:DBSASGD"),
+    AlgorithmInfo("backup-sgd", "synchronous SGD with backup workers: each step the first N-b gradients, "
+                  "the b late ones dropped", "Chen et al., arXiv 1604.00981 (2016)", True,
+                  "hvd_async.algorithms.backup:BackupSGD"),
 )
 
 ALGORITHMS: Dict[str, AlgorithmInfo] = {row.name: row for row in _ROWS}

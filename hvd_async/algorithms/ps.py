@@ -2,7 +2,8 @@
 staleness counts, state_dict), the mailbox strategy base (the rule runs on the servers), the push
 rate, the SGD hyperparameters a push carries, and the mailbox server program's base (snapshots,
 idle/resume, the servers' non-finite check). Each algorithm, its options and its server program are
-in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py (dbs.py builds on asgd).
+in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py, backup.py (dbs.py builds on
+asgd).
 
 Each worker keeps its model's parameters as views into one flat fp32 buffer (or, for parameters
 that are not CPU float32, copies through one), and exchanges that buffer with the server shards
@@ -233,6 +234,7 @@ class PSStrategy(Strategy):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
+        cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
         return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
                                  options=cls.server_options(options),
                                  wire=_wire(getattr(options, "compression", "none")))
@@ -299,12 +301,14 @@ class MailboxStrategy(PSStrategy):
     mode = "mailbox"
     runs_user_optimizer = False  # the rule's SGD runs on the servers
     compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
+    scales_on_server = False  # backup-sgd: the server sets each update's rate (no push_rate option)
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         self._send_norm = self.sends_grad_norm(options)
         # softsync scales its aggregates on the server (it knows how many gradients each holds)
-        self._scale = 1.0 if self.name == "softsync" else push_scale(options, transport.size)
+        on_server = self.scales_on_server or self.name == "softsync"
+        self._scale = 1.0 if on_server else push_scale(options, transport.size)
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
@@ -329,11 +333,15 @@ class MailboxStrategy(PSStrategy):
             payload[F_GRAD_NORM] = float(grad.norm())
         answers = self.transport.push(grad, self.model.flat, payload)
         self.model.load_params()
+        self._count(answers)
+        self.global_pushes = answers.pushes
+
+    def _count(self, answers) -> None:
+        """Count a push by the servers' answers (backup-sgd also counts the pushes it dropped)."""
         if answers.all(W.Status.APPLIED):
             self._record(answers.staleness)
         else:
             self.skipped_nonfinite += 1
-        self.global_pushes = answers.pushes
 
     def load_global_model(self) -> None:
         """Collective over the workers: every worker loads the global weights (after all pushes)."""

@@ -17,7 +17,7 @@ OPTIONS = {  # options that make every piece of state non-trivial
     "lc-asgd": {"lam": 0.1, "predictor": "mlp", "min_history": 2,
                 "predictor_options": {"warmup_steps": 1, "context": 3, "window": 8}},
     "softsync": {"n": 1}, "od-sgd": {"local_momentum": 0.5}, "easgd": {"tau": 2}, "hpsgd": {"window": 2},
-    "gossip": {"variant": "push"}, "ssgd": {},
+    "gossip": {"variant": "push"}, "ssgd": {}, "backup-sgd": {"backups": 1},
 }
 SERVERLESS = ("ssgd", "hpsgd", "gossip")
 

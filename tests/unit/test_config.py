@@ -82,7 +82,7 @@ def test_every_preset_is_valid():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     presets = sorted(glob.glob(os.path.join(root, "launch", "presets", "*.yaml")))
     assert {"ssgd.yaml", "asgd.yaml", "dc-asgd.yaml", "softsync.yaml", "od-sgd.yaml", "hpsgd.yaml",
-            "lc-asgd.yaml", "dbs-asgd.yaml", "gossip.yaml", "easgd.yaml"} <= {os.path.basename(p) for p in presets}
+            "lc-asgd.yaml", "dbs-asgd.yaml", "gossip.yaml", "easgd.yaml", "backup-sgd.yaml"} <= {os.path.basename(p) for p in presets}
     for path in presets:
         args = _validate(["--config", path])
         assert args.algo == os.path.basename(path)[:-5]

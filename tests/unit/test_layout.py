@@ -34,7 +34,7 @@ def test_each_parameter_server_algorithm_in_its_own_module():
     from hvd_async import registry
 
     for name, module in (("asgd", "asgd"), ("dc-asgd", "dcasgd"), ("lc-asgd", "lcasgd"), ("softsync", "softsync"),
-                         ("dbs-asgd", "dbs")):
+                         ("dbs-asgd", "dbs"), ("backup-sgd", "backup")):
         cls = registry.strategy_class(name)
         assert cls.__module__ == f"hvd_async.algorithms.{module}", (name, cls.__module__)
         program = importlib.import_module(cls.__module__)

@@ -228,3 +228,81 @@ def test_the_push_clip_reads_the_whole_gradients_norm_so_shards_scale_alike():
     scales = [float(step.norm() / (0.1 * g.norm())) for step, g in zip(steps, second)]
     assert scales[0] < 1.0, scales  # the push was clipped ...
     assert scales[0] == pytest.approx(scales[1], rel=1e-6), scales  # ... by one factor on both shards
+
+
+def test_backup_sgd_applies_the_mean_of_the_first_n_minus_b_and_drops_the_late():
+    """backup-sgd, 4 workers, 1 backup: each round the first 3 pushes on the current weights wait, unanswered,
+    then make one step of torch's SGD (momentum 0.9, weight decay 0.01) with their mean; the 4th, computed
+    on the weights before that step, is dropped: answered at once with the new weights, counted, not applied."""
+    from hvd_async.algorithms.backup import BackupProgram
+
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
+    program = BackupProgram(FakeHost(w0), backups=1)
+    reference = torch.nn.Parameter(w0.clone())
+    sgd = torch.optim.SGD([reference], lr=0.1, momentum=0.9, weight_decay=0.01)
+    orders = [(2, 0, 3, 1), (1, 3, 0, 2), (0, 1, 2, 3)]
+    for r, (order, grads) in enumerate(zip(orders, gradients(len(orders), seed=5))):
+        for k, worker in enumerate(order[:3]):
+            answered = len(program.host.answers)
+            push(program, worker, grads[worker])
+            if k < 2:  # waiting for the third: nothing answered, the weights as they were
+                assert len(program.host.answers) == answered and program.host.version == r
+        reference.grad = (grads[order[0]] + grads[order[1]] + grads[order[2]]) / 3
+        sgd.step()
+        torch.testing.assert_close(program.host.weights, reference.detach(), rtol=1e-5, atol=1e-6)
+        assert program.host.version == r + 1
+        assert sorted(a[0] for a in program.host.answers[-3:]) == sorted(order[:3])
+        assert all(a[1:] == (0, W.Status.APPLIED) for a in program.host.answers[-3:])
+        for worker in order[:3]:
+            assert torch.equal(program.host.outbox[worker], program.host.weights)
+        late, stepped = order[3], program.host.weights.clone()
+        push(program, late, grads[late] * 1000)  # dropped: a huge gradient would show if applied
+        assert program.host.answers[-1] == (late, 1, W.Status.DROPPED)
+        assert torch.equal(program.host.weights, stepped) and torch.equal(program.host.outbox[late], stepped)
+    assert program.dropped == [0, 1, 1, 1]  # late: worker 1, then 2, then 3
+    assert program.state_dict()["dropped"] == [0, 1, 1, 1]
+
+
+def test_backup_sgd_pushes_for_an_old_version_are_dropped_even_before_the_step():
+    """A worker still on version 0 after a step pushes while version 1's step is half collected: dropped;
+    the step then takes the first 3 pushes on version 1 (backups 1), the dropped one's gradient not among them."""
+    from hvd_async.algorithms.backup import BackupProgram
+
+    program = BackupProgram(FakeHost(torch.zeros(N)), backups=1)
+    for worker in (0, 1, 2):
+        push(program, worker, torch.ones(N))
+    assert program.host.version == 1
+    push(program, 0, torch.full((N,), 2.0))  # on version 1: accepted, waits
+    push(program, 3, torch.full((N,), -50.0))  # still on version 0: dropped, answered at once
+    assert program.host.answers[-1] == (3, 1, W.Status.DROPPED) and program.host.version == 1
+    push(program, 3, torch.full((N,), 5.0))  # now on version 1: accepted
+    before = program.host.weights.clone()
+    push(program, 1, torch.full((N,), 8.0))  # the third on version 1: the step
+    assert program.host.version == 2
+    # lr 0.1, momentum 0.9, weight decay 0.01: buf = 0.9 * buf + mean + wd * w
+    buf = 0.9 * (1.0 + 0.0) + 5.0 + 0.01 * before
+    torch.testing.assert_close(program.host.weights, before - 0.1 * buf)
+    assert program.dropped == [0, 0, 0, 1]
+
+
+def test_backup_sgd_steps_with_every_active_worker_when_fewer_push():
+    """Workers going idle (an epoch's end) do not leave the others waiting: with 2 of 4 left, the 2
+    gradients in make the step; backups=0 with everyone pushing is the mean of all 4 (ssgd's)."""
+    from hvd_async.algorithms.backup import BackupProgram
+
+    program = BackupProgram(FakeHost(torch.zeros(N)), backups=1)
+    idle = W.Request(W.Kind.IDLE, np.zeros(W.PAYLOAD_LEN))
+    push(program, 0, torch.ones(N))
+    push(program, 1, torch.full((N,), 3.0))
+    program.on_request(3, idle)
+    assert program.host.version == 0 and program.waiting_on() == {2}
+    program.on_request(2, idle)
+    assert program.host.version == 1 and not program.waiting_on()
+    torch.testing.assert_close(program.host.weights, torch.full((N,), -0.2))  # - 0.1 * (1 + 3) / 2
+    sync = BackupProgram(FakeHost(torch.zeros(N)), backups=0)
+    for worker in (3, 1, 0, 2):
+        push(sync, worker, torch.full((N,), float(worker)))
+    torch.testing.assert_close(sync.host.weights, torch.full((N,), -0.15))  # - 0.1 * mean(0, 1, 2, 3)
+    push(sync, 0, torch.ones(N))
+    with pytest.raises(RuntimeError, match="wait for the update"):
+        sync.state_dict()

@@ -10,6 +10,7 @@ CASES = {  # algorithm: (extra flags, epochs, accuracy it must reach)
     "softsync": (["--softsync-n", "2"], 5, 0.85), "dbs-asgd": (["--straggler", "1=3"], 5, 0.85),
     "ssgd": ([], 5, 0.9), "easgd": ([], 5, 0.9), "gossip": (["--gossip-variant", "push"], 5, 0.9),
     "hpsgd": ([], 5, 0.9), "od-sgd": (["--od-exchange", "allreduce"], 8, 0.9),
+    "backup-sgd": (["--straggler", "1=3"], 5, 0.9),
 }
 
 

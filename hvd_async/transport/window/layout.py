@@ -52,6 +52,7 @@ class Status(IntEnum):
     APPLIED = 0   # the push went into the weights
     SKIPPED = 1   # the push held NaN or infinity and was dropped
     SNAPSHOT = 2  # a pull: the outbox slot holds a copy of the weights
+    DROPPED = 3   # the push came late (backup-sgd): not applied; the outbox slot holds the current weights
 
 
 @dataclass(frozen=True)

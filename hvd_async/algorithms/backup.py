@@ -1,0 +1,194 @@
+"""backup-sgd: synchronous SGD with backup workers; each update is the mean of the first
+``workers - backups`` gradients computed on the current weights, the rest are dropped.
+
+Chen, Pan, Monga, Bengio, Jozefowicz, "Revisiting Distributed Synchronous SGD" (2016; TensorFlow's
+``SyncReplicasOptimizer`` with ``replicas_to_aggregate < total_num_replicas``). Horovod cannot do it
+(an allreduce waits for every rank); the parameter servers' mailbox can:
+
+- a worker pushes its gradient; the shard knows the version of the weights it computed it on (the
+  version the shard last answered that worker with: the worker trains on exactly what it received,
+  so the push carries its version implicitly, per shard);
+- the shard accepts a push if that version is the current one, and holds it; at the
+  ``workers - backups``-th accepted push it applies their mean with the SGD rule (lr, momentum,
+  weight decay, Nesterov of the wrapped ``torch.optim.SGD``, one momentum buffer as ssgd's), bumps
+  the version and answers the accepted workers with the new weights;
+- a push computed on an older version is dropped: counted (per worker, and in the shard's
+  ``sums[0]``) and answered at once with the current weights, so a slow worker never waits longer
+  than its own push's round trip and starts its next gradient on the newest weights.
+
+Choices where the paper leaves room: with fewer workers pushing than ``workers - backups`` (some went
+idle to evaluate at an epoch's end, or ``--worker-timeout`` set one aside) an update takes every
+active worker's gradient, as softsync's aggregate does; with several server shards each shard takes
+its own first ``workers - backups`` (a push reaches the shards in its own order on each), so a
+coordinate block is always the mean of that many gradients computed on the same weights.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..checks import is_int_at_least
+from ..horovod_options import compression_name
+from ..options import option
+from ..rules import mean_
+from ..transport import window as W
+from .ps import MailboxProgram, MailboxStrategy
+
+
+@dataclass
+class BackupSGDOptions:
+    backups: Optional[int] = option(None, "each update is the mean of the first workers-B gradients computed on "
+                                    "the current weights; the B late ones are dropped, 0 <= B < workers "
+                                    "(default: 1; 0 with a single worker)", flag="--backups", metavar="B")
+    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (fp32 "
+                              "weights and arithmetic on the servers)")
+
+    def __post_init__(self):
+        self.compression = compression_name(self.compression)
+        if self.backups is not None and not is_int_at_least(self.backups, 0):
+            raise ValueError(f"backups must be an integer from 0 to workers - 1 (how many late gradients each "
+                             f"step drops), got {self.backups!r}")
+
+
+def check_backups(backups, workers: int) -> None:
+    """``0 <= backups < workers``, in one line that says what to do."""
+    if not 0 <= backups < workers:
+        raise ValueError(f"backups {backups} must be between 0 and the number of workers minus 1 ({workers - 1}): "
+                         f"each step needs at least one gradient; use fewer backups or more workers")
+
+
+class BackupSGD(MailboxStrategy):
+    """backup-sgd: synchronous SGD that does not wait for the ``backups`` slowest workers of a step.
+
+    Each update of the global weights is one step of the wrapped ``torch.optim.SGD`` (its ``lr``,
+    ``momentum``, ``weight_decay``, ``nesterov``; one momentum buffer on the servers, as ssgd's on the
+    mean gradient) with the mean of the first ``workers - backups`` gradients computed on the current
+    weights; later gradients for those weights are dropped. A worker whose gradient was accepted waits
+    for the update and continues from the new weights; a dropped one receives the new weights at once.
+    ``backups=0`` is ssgd (every gradient, one step per round).
+
+    Options:
+        backups: B, from 0 to workers - 1 (default 1; 0 with a single worker). The paper's rule of
+            thumb: about the number of workers that are slow at any time (a few percent of them).
+        compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
+
+    Example::
+
+        opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                      model.named_parameters(), algorithm="backup-sgd", backups=1)
+
+    Tuning: use ssgd's hyperparameters (an update is one ssgd step, over ``workers - backups``
+    gradients). ``stats()["dropped"]`` counts this worker's dropped pushes; a worker dropped almost
+    every time is slower than the rest by more than a step: more backups do not help it, fixing it does.
+    """
+
+    name = "backup-sgd"
+    Options = BackupSGDOptions
+    scales_on_server = True  # an update is one whole step of lr, whatever the number of gradients in it
+
+    def __init__(self, optimizer, named_parameters, transport, options):
+        self.resolve_options(options, transport.size)  # (a transport given by the caller)
+        super().__init__(optimizer, named_parameters, transport, options)
+        self.dropped = 0
+
+    @classmethod
+    def resolve_options(cls, options, workers: int) -> None:
+        if options.backups is None:
+            options.backups = min(1, workers - 1)
+        check_backups(options.backups, workers)
+
+    @classmethod
+    def check_for_job(cls, given, *, workers, lr: float) -> None:
+        backups = given.get("backups")
+        if isinstance(backups, int) and workers is not None:
+            check_backups(backups, workers)
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        return {"backups": options.backups}
+
+    @classmethod
+    def server_program(cls, host):
+        return BackupProgram(host, **host.spec.options)
+
+    def _count(self, answers) -> None:
+        status = answers.rows[:, W.R_STATUS]
+        if (status == W.Status.DROPPED).any() and not (status == W.Status.SKIPPED).any():
+            self.dropped += 1  # (by one shard at least: each shard takes its own first pushes)
+        else:
+            super()._count(answers)
+
+    def stats(self) -> Dict:
+        """Adds ``dropped`` (this worker's pushes dropped as late) and ``dropped_pushes`` (every
+        worker's pushes the first shard dropped)."""
+        out = super().stats()
+        out["dropped"] = self.dropped
+        out["dropped_pushes"] = int(self.transport.read_stats()[0]["sums"][0])
+        return out
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["dropped"] = self.dropped
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.dropped = int(state["dropped"])
+
+
+class BackupProgram(MailboxProgram):
+    """A shard's side of backup-sgd: takes the first ``workers - backups`` pushes computed on the current
+    weights, applies their mean, drops the later ones (see the module docstring)."""
+
+    def __init__(self, host, backups: int):
+        super().__init__(host)
+        self.need = host.spec.workers - backups
+        self.accepted: List = []  # (worker, payload) of the gradients for the current version, as they came
+        self.dropped = [0] * host.spec.workers
+        self.mean = torch.zeros_like(host.weights)
+
+    def on_push(self, worker, grad, payload, grad_norm=None) -> None:
+        if self.held[worker] != self.host.version:  # computed on weights this shard has moved past
+            self.drop(worker)
+            return
+        self.accepted.append((worker, payload))
+        self.maybe_apply()
+
+    def drop(self, worker: int) -> None:
+        """Count the late push and answer with the current weights at once."""
+        staleness = self.staleness(worker)
+        self.dropped[worker] += 1
+        self.host.add_sums(1.0, 0.0)
+        self.snapshot(worker)
+        self.host.answer(worker, staleness, W.Status.DROPPED)
+
+    def on_leave(self, worker) -> None:
+        super().on_leave(worker)
+        self.maybe_apply()
+
+    def waiting_on(self):
+        """The active workers whose gradient the update still waits for (none while nothing waits)."""
+        return self.active - {m for m, _ in self.accepted} if self.accepted else ()
+
+    def maybe_apply(self) -> None:
+        """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing)."""
+        if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
+            return
+        workers = [m for m, _ in self.accepted]
+        mean_([self.host.inbox[m] for m in workers], self.mean)
+        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.accepted[-1][1]))
+        self.host.bump([0] * len(workers), pushes=len(workers))
+        self.accepted = []
+        for m in workers:
+            self.snapshot(m)
+            self.host.answer(m, 0, W.Status.APPLIED)
+
+    def state_dict(self) -> Dict:
+        if self.accepted:
+            raise RuntimeError(f"{len(self.accepted)} gradient(s) wait for the update; save after "
+                               f"load_global_model() on every worker")
+        return dict(super().state_dict(), dropped=list(self.dropped))
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self.dropped = [int(v) for v in state["dropped"]]
