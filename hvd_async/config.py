@@ -408,6 +408,7 @@ def _validate_algorithm_options(args: argparse.Namespace) -> None:
         message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))
         raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None
 
+
 def _refuse_meaningless_flags(args: argparse.Namespace) -> None:
     """Refuse, as the Python API does, a flag set (to other than its default) that the algorithm gives no
     meaning: another algorithm's option, which the job would drop without a word, or --deterministic

@@ -21,9 +21,9 @@ ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
 # dc-asgd's compensation defaults; lc-asgd's too (its docstring)
 LAM_DEFAULT, ADAPTIVE_DEFAULT, MS_MOMENTUM_DEFAULT = 2.0, True, 0.95
 MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
-PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm exceeds this factor times the "
-                  "running mean of the pushes' gradient norms (decay 0.9), to that bound: a push out of "
-                  "line with the others cannot throw the weights off (0: never)")
+PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm (the whole gradient's, every shard "
+                  "alike) exceeds this factor times the running mean of the pushes' gradient norms (decay 0.9), "
+                  "to that bound: a push out of line with the others cannot throw the weights off (0: never)")
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
                    "look-ahead's one push from each other worker: a straggler's; every push without the "

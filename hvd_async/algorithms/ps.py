@@ -3,7 +3,7 @@ staleness counts, state_dict), the mailbox strategy base (the rule runs on the s
 rate, the SGD hyperparameters a push carries, and the mailbox server program's base (snapshots,
 idle/resume, the servers' non-finite check). Each algorithm, its options and its server program are
 in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py, backup.py (dbs.py builds on
-asgd).
+asgd); the servers' look-ahead is lookahead.py.
 
 Each worker keeps its model's parameters as views into one flat fp32 buffer (or, for parameters
 that are not CPU float32, copies through one), and exchanges that buffer with the server shards
@@ -41,6 +41,7 @@ from ..rules import SGDRule
 from ..transport import window as W
 from .base import Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
+from .lookahead import Lookahead  # noqa: F401  (dcasgd and softsync import it from here)
 
 logger = logging.getLogger(__name__)
 
@@ -137,57 +138,6 @@ LOOKAHEAD_HELP = ("on the servers (dc-asgd, lc-asgd, softsync): answer each push
 def check_lookahead(value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"lookahead must be True or False, got {value!r}")
-
-
-class Lookahead:
-    """DANA-Zero's look-ahead (Hakimi et al., 2019, "Taming momentum in a distributed asynchronous
-    environment"), for server programs that keep a momentum buffer per worker.
-
-    Every worker's next push adds ``lr * momentum * buf_k`` (its momentum term) to the global weights
-    whatever its gradient, so by the time worker m's next gradient lands the weights have moved by
-    about ``lr * momentum * sum_k buf_k``: the program answers m with that point,
-    ``w - lr * momentum * sum_k buf_k``. The sum is kept as the buffers change (two adds a push).
-    """
-
-    def __init__(self, like: torch.Tensor):
-        self.total = torch.zeros_like(like)
-        self.wide = None  # fp32 scratch for answers into fp16 slots (made at the first)
-
-    @staticmethod
-    def applies(kwargs) -> bool:
-        """Whether a push with these SGD settings (``step_kwargs``) is answered ahead: with momentum,
-        and not with Nesterov's, whose step looks ahead already."""
-        return bool(kwargs["momentum"]) and not kwargs["nesterov"]
-
-    def remove(self, state: Dict) -> None:
-        """Before a worker's buffer (its SGD state) changes."""
-        buf = state.get("momentum_buffer")
-        if buf is not None:
-            self.total.sub_(buf)
-
-    def add(self, state: Dict) -> None:
-        """After it changed."""
-        buf = state.get("momentum_buffer")
-        if buf is not None:
-            self.total.add_(buf)
-
-    def rebuild(self, states) -> None:
-        """From every worker's buffer (after a checkpoint load)."""
-        self.total.zero_()
-        for state in states:
-            self.add(state)
-
-    def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float) -> None:
-        """``out <- weights - step * sum_k buf_k`` in one pass (``step``: the rate per push times the
-        momentum; ``out``: the worker's outbox slot, fp16 under compression)."""
-        if step and out.dtype != weights.dtype:  # an fp16 slot: torch would cast via a fresh temporary
-            if self.wide is None:
-                self.wide = torch.empty_like(weights)
-            out.copy_(torch.add(weights, self.total, alpha=-step, out=self.wide))
-        elif step:
-            torch.add(weights, self.total, alpha=-step, out=out)
-        else:
-            out.copy_(weights)
 
 
 def check_push_rate(value) -> None:

@@ -49,3 +49,10 @@ def test_guide_links_and_images_exist():
     assert "results.md" in local
     for algo in __import__("hvd_async").registry.names():  # every algorithm has its section
         assert re.search(rf"^### `?{re.escape(algo)}`?\b", text, re.M), algo
+
+
+def test_the_fault_matrix_in_reliability_md_is_the_records():
+    """docs/reliability.md's fault matrix is generated from benchmarks/results/faults*.json."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_faults_doc.py"), "--check"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr

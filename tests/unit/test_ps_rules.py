@@ -157,9 +157,10 @@ def test_push_clip_bounds_a_push_out_of_line_and_barely_moves_its_mean():
 
 def test_dc_program_clips_the_pushed_step_and_checkpoints_the_mean():
     from hvd_async.algorithms.dcasgd import DCProgram
-    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.algorithms.ps import F_GRAD_NORM, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
 
-    payload = {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
+    # one shard holding the whole gradient: no whole norm sent (0), the shard's own is the gradient's
+    payload = {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0, F_GRAD_NORM: 0.0}
     moves = {}
     for push_clip in (0.0, 1.5):
         host = _Host()
