@@ -31,7 +31,8 @@ from procs import _group_alive  # noqa: E402  (whether a job's process group sti
 
 ROOT = common.ROOT
 JOB = os.path.join(ROOT, "tests", "mpi", "fault_job.py")
-FAMILIES = {"ssgd": 0, "asgd": 1, "dc-asgd": 1, "softsync": 1, "od-sgd": 1, "hpsgd": 0, "gossip": 0, "easgd": 1}
+FAMILIES = {"ssgd": 0, "asgd": 1, "dc-asgd": 1, "softsync": 1, "od-sgd": 1, "hpsgd": 0, "gossip": 0, "easgd": 1,
+            "backup-sgd": 1}
 FAULTS = ("raise", "data-error", "exit0", "close", "server", "kill-worker", "kill-server")
 WORKERS, LEAVER = 3, 1
 NO_SHM = "--mca btl self,tcp --mca osc ^sm"

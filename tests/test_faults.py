@@ -30,7 +30,7 @@ def test_one_worker_leaving_ends_the_job(algo, fault, shm):
 
 
 @pytest.mark.parametrize("algo", ["ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd",
-                                  "hpsgd", "gossip", "easgd"])
+                                  "hpsgd", "gossip", "easgd", "backup-sgd"])
 def test_a_frozen_layer_stays_bit_for_bit(algo):
     """torch.optim.SGD with momentum and weight decay over a model whose first layer does not require
     grad: that layer is neither stepped nor exchanged (as under torch and Horovod); the head trains."""
@@ -43,5 +43,5 @@ def test_a_frozen_layer_stays_bit_for_bit(algo):
     for line in lines:
         assert "frozen_same=True" in line and "head_moved=True" in line, line
         # opt.state_dict() alone would not resume the servers' state: said once, where there is any
-        warned = algo in ("dc-asgd", "lc-asgd", "softsync", "od-sgd")
+        warned = algo in ("dc-asgd", "lc-asgd", "softsync", "od-sgd", "backup-sgd")
         assert f"state_warnings={int(warned)}" in line, line
