@@ -21,13 +21,18 @@ def _load(name):
         return json.load(f)
 
 
-def _cell(cells, algo, fault):
+def _cell(cells, algo, fault, limit):
     found = [c for c in cells if c["algorithm"] == algo and c["fault"] == fault]
     if not found:
         return ""
     parts = []
     for c in sorted(found, key=lambda c: not c["shm"]):
         what = "hang" if c["hang"] else f"{c['seconds_after_fault']:g} s, exit {c['exit_status']}"
+        if not c["passed"] and not c["hang"]:
+            why = [w for w, bad in (("exit 0", c["exit_status"] == 0), ("not named", not c["named"]),
+                                    ("processes left", c["left_processes"]),
+                                    ("too slow", c["seconds_after_fault"] > limit)) if bad]
+            what += ": " + ", ".join(why)
         parts.append(f"{'ok' if c['passed'] else '**FAIL**'} ({what})")
     return " / ".join(parts)
 
@@ -39,13 +44,13 @@ def table(record) -> str:
     shms = sorted({c["shm"] for c in cells}, reverse=True)
     prov = record["provenance"]
     lines = [f"Record `{record['_name']}`: commit {str(prov['commit'])[:10]} (package under test: "
-             f"{str(record.get('package_commit', ''))[:10] or 'the same'}), {prov['machine'].get('cpu', '?')}, "
+             f"{str(record.get('package_commit', ''))[:10] or 'the same'}), {prov['machine'].get('cpu_model', '?')} ({prov['machine'].get('cores_total', '?')} cores), "
              f"{prov['date_utc'][:10]}; `{prov['command']}`. Shared memory "
              f"{' / '.join('on' if s else 'off' for s in shms)} in each cell; seconds from the fault to the "
              f"job's end. {record['passed']} passed, {record['failed']} failed.", "",
              "| algorithm | " + " | ".join(faults) + " |", "|---" * (len(faults) + 1) + "|"]
     for algo in algos:
-        lines.append(f"| {algo} | " + " | ".join(_cell(cells, algo, f) or "n/a" for f in faults) + " |")
+        lines.append(f"| {algo} | " + " | ".join(_cell(cells, algo, f, record["limit_seconds"]) or "n/a" for f in faults) + " |")
     if record.get("not_applicable"):
         why = sorted({f"{n['algorithm']} {n['fault']}: {n['why']}" for n in record["not_applicable"]})
         lines += ["", "Not applicable: " + "; ".join(why) + "."]
