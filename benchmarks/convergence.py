@@ -8,7 +8,9 @@ get one server rank on top of the workers. Settings (``--settings``):
 
 - ``mlp-4``, ``cnn-4``: 4 workers, the digits MLP and CNN;
 - ``cnn-8``: 8 workers;
-- ``cnn-4-straggler``: 4 workers, worker 0's steps three times as long (``--straggler 0=3``).
+- ``cnn-4-straggler``: 4 workers, worker 0's steps three times as long (``--straggler 0=3``);
+- ``fmnist-4``, ``fmnist-8``, ``fmnist-4-straggler``: the same on Fashion-MNIST with LeNet at the
+  hyperparameters chosen for ssgd on its validation split (benchmarks/protocol.md's grid).
 
 The criterion, fixed before the runs: in every setting, an algorithm **passes** when its mean final
 test accuracy over the seeds is at least ssgd's mean minus ``--margin`` (1 point) and no run
@@ -38,11 +40,15 @@ from common import HERE, apply_quick, pyplot, quick_help, train_job, write_recor
 ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd",
               "backup-sgd")
 SERVERLESS = ("ssgd", "hpsgd", "gossip")  # everything else gets one server rank on top of the workers
-SETTINGS = {  # name -> (model, workers, straggler flags, seeds used by default)
+FMNIST = ["--dataset", "fashion-mnist"]  # its defaults (lenet, lr 0.02) chosen for ssgd on the validation split
+SETTINGS = {  # name -> (model, workers, more flags (data, straggler), seeds used by default)
     "mlp-4": ("mlp", 4, [], 5),
     "cnn-4": ("cnn", 4, [], 5),
     "cnn-8": ("cnn", 8, [], 2),
     "cnn-4-straggler": ("cnn", 4, ["--straggler", "0=3"], 2),
+    "fmnist-4": ("lenet", 4, FMNIST, 5),  # benchmarks/protocol.md's grid
+    "fmnist-8": ("lenet", 8, FMNIST, 5),
+    "fmnist-4-straggler": ("lenet", 4, FMNIST + ["--straggler", "0=3"], 5),
 }
 SEEDS = (11, 12, 13, 14, 15)
 QUICK = {"settings": "mlp-4", "algos": "ssgd,asgd", "seeds": "11", "epochs": 2}
