@@ -1,0 +1,42 @@
+"""docs/results_fmnist.md is generated from the Fashion-MNIST grid's records, and every record of
+the grid comes from one clean commit after benchmarks/protocol.md's (the pre-registration)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+GRID = ("convergence_fmnist.json", "convergence_fmnist_straggler.json")
+PROTOCOL_SEEDS = {101, 102, 103, 104, 105}
+
+
+def git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def test_the_page_is_what_the_records_give():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_fmnist_doc.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds():
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        return  # an sdist: no history to check against
+    protocol = git("log", "--diff-filter=A", "--format=%H", "--", "benchmarks/protocol.md").splitlines()[-1]
+    commits = set()
+    for name in GRID:
+        path = os.path.join(RESULTS, name)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            record = json.load(f)
+        prov = record["provenance"]
+        assert prov["tree_clean"], name
+        assert prov["commit"] != protocol, f"{name}: the grid must run at a commit after the protocol's"
+        assert subprocess.run(["git", "merge-base", "--is-ancestor", protocol, prov["commit"]], cwd=ROOT).returncode == 0, \
+            f"{name}: commit {prov['commit'][:10]} does not follow the protocol's {protocol[:10]}"
+        assert {r["seed"] for r in record["runs"]} <= PROTOCOL_SEEDS, name
+        commits.add(prov["commit"])
+    assert len(commits) <= 1, f"the grid's records come from more than one commit: {sorted(commits)}"
