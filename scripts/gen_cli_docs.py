@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from docgen import ROOT, write_or_check
 OUT = os.path.join(ROOT, "docs", "cli.md")
 GUIDE = os.path.join(ROOT, "docs", "guide.md")
 BLOCK = re.compile(r"(<!-- options: (\S+) -->\n).*?(<!-- /options -->)", re.S)
@@ -87,21 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="compare with docs/cli.md instead of writing it")
     args = parser.parse_args(argv)
     outputs = {OUT: render(), GUIDE: render_guide()}
-    if args.check:
-        stale = [os.path.relpath(path, ROOT) for path, text in outputs.items()
-                 if (open(path).read() if os.path.exists(path) else "") != text]
-        if stale:
-            print(f"{' and '.join(stale)} out of date: run python scripts/gen_cli_docs.py", file=sys.stderr)
-            return 1
-        print("docs/cli.md and the guide's option tables are up to date")
-        return 0
-    for path, text in outputs.items():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        print(f"wrote {os.path.relpath(path, ROOT)}")
-    return 0
-
+    return write_or_check(outputs, args.check, "scripts/gen_cli_docs.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,15 +4,14 @@
 missing, or holding fewer runs than the protocol names, is shown as such. ``--check`` exits 1 where
 the page is not what the records give."""
 import argparse
-import json
 import math
 import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from docgen import ROOT, load_record, write_or_check
+
 DOC = os.path.join(ROOT, "docs", "results_fmnist.md")
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 RECORDS = (("convergence_fmnist_straggler.json", ("fmnist-4-straggler",)),
            ("convergence_fmnist.json", ("fmnist-4", "fmnist-8")))
 SEEDS = 5  # per algorithm and setting, benchmarks/protocol.md
@@ -35,14 +34,6 @@ The machine has 2 cores: 4 and 8 workers (and a server rank) share them, so samp
 the protocol under contention, not a cluster. The grid may run in parts; each record names the
 commit all of its runs come from.
 """
-
-
-def _load(name):
-    path = os.path.join(RESULTS, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def _pct(x):
@@ -83,7 +74,7 @@ def setting_table(setting, entry, straggler) -> list:
 def render() -> str:
     parts = [INTRO]
     for name, settings in RECORDS:
-        record = _load(name)
+        record = load_record(name)
         if record is None:
             parts.append(f"`benchmarks/results/{name}` ({', '.join(settings)}): not run yet.\n")
             continue
@@ -107,17 +98,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if docs/results_fmnist.md is not current")
     args = p.parse_args()
-    text = render()
-    if args.check:
-        current = open(DOC).read() if os.path.exists(DOC) else ""
-        if current != text:
-            print(f"{DOC} is not what the records give: run python scripts/gen_fmnist_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(DOC, "w") as f:
-        f.write(text)
-    print(f"written: {DOC}")
-    return 0
+    return write_or_check({DOC: render()}, args.check, "scripts/gen_fmnist_doc.py")
 
 
 if __name__ == "__main__":
