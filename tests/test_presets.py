@@ -1,5 +1,7 @@
 """launch/presets/*.yaml: every preset parses and validates as it stands, says where its values come
-from, and trains for one epoch on digits (2 workers, plus the preset's servers)."""
+from, holds the defaults it claims (the algorithm's declared option defaults and the job's), and trains
+for one epoch on digits (2 workers, plus the preset's servers)."""
+import dataclasses
 import glob
 import json
 import os
@@ -10,7 +12,7 @@ import yaml
 
 from procs import ROOT, python, run
 
-from hvd_async import config, registry
+from hvd_async import config, options, registry
 
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "launch", "presets", "*.yaml")))
 WORKERS = 2
@@ -39,6 +41,47 @@ def test_preset_parses_validates_and_cites_its_values(path):
         line = next(ln for ln in text.splitlines() if ln.startswith(f"{key}:"))
         assert re.search(r"#.*\b(paper|ours|Horovod|[Dd]efault)", line), \
             f"{_name(path)}: '{key}' needs a comment saying where its value comes from: {line!r}"
+
+
+# the job's values a preset may set, which must then be the job's defaults (ssgd's settings on digits)
+JOB_DEFAULTS = ("lr", "momentum", "batch_size")
+
+
+def departures(path) -> list:
+    """Where a preset's values differ from what it claims to be: the algorithm's declared option defaults
+    (its Options dataclass, read through the registry) and the job's defaults for its dataset."""
+    args = config.validate(config.parse(["--config", path]))
+    options_cls = registry.strategy_class(args.algo).Options
+    defaults = {field.name: field.default for field in dataclasses.fields(options_cls)}
+    declared = {field.name: how for field, how in options.declared(options_cls)}
+    found = [f"{_name(path)}: {declared[name].flag} is {value!r}, the declared default is {defaults[name]!r}"
+             for name, value in config.algorithm_options(args).items()
+             if declared[name].from_job is None and value != defaults[name]]  # the job's own: below
+    job = config.parse(["--algo", args.algo, "--dataset", args.dataset])
+    found += [f"{_name(path)}: --{dest.replace('_', '-')} is {getattr(args, dest)!r}, the job's default is "
+              f"{getattr(job, dest)!r}" for dest in JOB_DEFAULTS if getattr(args, dest) != getattr(job, dest)]
+    return found
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=_name)
+def test_preset_holds_the_declared_defaults(path):
+    """A preset named after its algorithm runs it as the Python API and the command line would by
+    default: every algorithm option it sets is its declared default, and so are lr, momentum and the
+    batch size (a paper's configuration belongs in a preset named after it, which the registry's names
+    leave no room for here)."""
+    assert not departures(path), departures(path)
+
+
+def test_a_departure_from_the_defaults_is_found(tmp_path):
+    """The check above can fail: a preset that sets dc-asgd's constant lam 0.04 and lr 0.05 is caught."""
+    bad = tmp_path / "dc-asgd.yaml"
+    bad.write_text("algo: dc-asgd\nnp: 3\nlam: 0.04\ndc-adaptive: false\ndc-compensate: always\n")
+    found = departures(str(bad))
+    assert any("--lam is 0.04" in line for line in found), found
+    assert any("--dc-adaptive is False" in line for line in found), found
+    assert not any("--dc-compensate" in line for line in found), found  # 'always' is the default
+    bad.write_text("algo: dc-asgd\nnp: 3\nlr: 0.05\n")
+    assert [line for line in departures(str(bad)) if "--lr is 0.05" in line], departures(str(bad))
 
 
 def _small(args):
