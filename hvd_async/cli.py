@@ -59,7 +59,11 @@ def _train(argv: List[str]) -> int:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
         started = time.monotonic()
-        code = launcher.run(cmd)
+        code, interrupted = launcher.run(cmd)
+        if interrupted:  # a cancel is not a crash: never restarted
+            print(f"hvd-async train: interrupted ({interrupted}) after {time.monotonic() - started:.0f} s; "
+                  f"not restarted", file=sys.stderr)
+            return code if code > 128 else 128 + signal.SIGINT
         if code in FINAL_EXIT_CODES:
             return code
         why = _failure(code, time.monotonic() - started)

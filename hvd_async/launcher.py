@@ -3,10 +3,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 
 def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
@@ -30,25 +31,53 @@ def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
     return cmd + list(program)
 
 
-def run(cmd: List[str]) -> int:
-    """Run a launcher command to completion and return its exit status (Ctrl-C stops the job).
+class Outcome(NamedTuple):
+    """How a launched job ended: mpirun's exit status, and ``interrupted``, the signal's name where
+    the job was stopped by one rather than failing (None otherwise)."""
+    code: int
+    interrupted: Optional[str] = None
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the launcher (a scheduler's cancel): stop the job as Ctrl-C does."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def run(cmd: List[str]) -> Outcome:
+    """Run a launcher command to completion (Ctrl-C or SIGTERM to this process stops the job).
 
     Its stderr is relayed as it comes, except mpirun's exit-status banner after a job that already
-    said what went wrong in an ``error:`` line (see :class:`BannerFilter`)."""
+    said what went wrong in an ``error:`` line (see :class:`BannerFilter`). mpirun itself, when it is
+    sent SIGINT or SIGTERM, stops the ranks and exits 1 without a word, where a failed rank always
+    leaves a line (the job's ``error:``, a traceback or mpirun's banner): that silent exit 1 is an
+    interruption too."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
-    relay = threading.Thread(target=_relay, args=(proc.stderr, BannerFilter(sys.stderr)), daemon=True)
+    sink = BannerFilter(sys.stderr)
+    relay = threading.Thread(target=_relay, args=(proc.stderr, sink), daemon=True)
     relay.start()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    interrupted = None
     try:
         code = proc.wait()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as stop:
+        interrupted = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        code = 130
+        code = 128 + getattr(signal, interrupted)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     relay.join(10)
-    return code
+    if interrupted is None and code == 1 and not sink.saw_failure:
+        interrupted = "a signal to mpirun"
+    return Outcome(code, interrupted)
 
 
 def _relay(pipe, sink: "BannerFilter") -> None:
@@ -80,6 +109,7 @@ class BannerFilter:
         self.flushed = 0
         self.block: Optional[List[bytes]] = None
         self.saw_error = False
+        self.saw_failure = False  # an ``error:`` line, a traceback or one of mpirun's blocks
 
     def _write(self, data: bytes) -> None:
         if data:
@@ -113,11 +143,13 @@ class BannerFilter:
                     self._write(text)
             return
         if edge:
-            self.block = [line]
+            self.block, self.saw_failure = [line], True
             return
         self._write(line[self.flushed:])
         if b"error:" in line:
             self.saw_error = True
+        if b"error:" in line or line.startswith(b"Traceback"):
+            self.saw_failure = True
 
     def close(self) -> None:
         """At the end of the stream: write what is still held (an unfinished line or block)."""
