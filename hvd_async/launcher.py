@@ -92,7 +92,7 @@ def _relay(pipe, sink: "BannerFilter") -> None:
 
 _BANNER_EDGE = re.compile(rb"^-{20,}\s*$")
 # mpirun's banners that only repeat that a process exited with a non-zero status
-_EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit code")
+_EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit code", b"MPI_ABORT was invoked")
 
 
 class BannerFilter:

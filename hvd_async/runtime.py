@@ -14,7 +14,7 @@ import traceback
 from enum import Enum
 from typing import Any, List, NamedTuple, Optional
 
-from . import logs, server
+from . import failures, logs, server
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class _Runtime:
         self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.exits = self.group.Dup()  # a worker whose process exits tells the others here (departed())
+        self.failures = self.world.Dup()  # a rank ending the job on an uncaught error says so here
         self.departed = set()
         self.finished = False
         # (collective, once) this rank's CPUs and those of every rank on its node: the torch threads it
@@ -106,8 +107,8 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
         sys.exit(0)
 
 
-# How long a failing rank waits, after printing its traceback, before it ends the job: ranks that
-# fail at the same point (a bad option on every worker) print theirs too.
+# How long a failing rank hears the other ranks' failures before it says its own and ends the job:
+# ranks that fail at the same point (a bad option on every worker) then say it once.
 ABORT_GRACE_SECONDS = 1.0
 
 
@@ -115,16 +116,24 @@ TAG_EXIT = 7302  # on _Runtime.exits: this worker's process is exiting
 
 
 def _end_job_on_uncaught(exc_type, exc, tb) -> None:
-    """sys.excepthook: print the traceback, then end every rank of the job (MPI_Abort): the others may
-    sit in a collective or a window this rank will never join. Where the error is only that another
-    worker has left (its process exited, or it closed its transport), one line says so and names it,
-    without the traceback (``HVD_ASYNC_DEBUG=1`` prints it too)."""
+    """sys.excepthook: say what failed, then end every rank of the job (MPI_Abort): the others may
+    sit in a collective or a window this rank will never join. An error several ranks raise alike is
+    said once, by the lowest of them; where it is only that another worker has left (its process
+    exited, or it closed its transport), or a bad argument to the library, one line says so without
+    the traceback (``HVD_ASYNC_DEBUG=1`` prints it too)."""
+    debug = bool(os.environ.get("HVD_ASYNC_DEBUG"))
     line = departure_message(exc)
-    if line is None or os.environ.get("HVD_ASYNC_DEBUG"):
+    if line is None and _rt is not None:
+        line = failures.bad_input_line(exc, tb, f"{_rt.role.value} {_rt.group.rank}")
+    key = f"{exc_type.__name__}: {exc}"
+    if _rt is not None and failures.lowest_alike(_rt.failures, key, ABORT_GRACE_SECONDS) is not None and not debug:
+        time.sleep(3 * ABORT_GRACE_SECONDS)  # a lower rank says it and ends the job meanwhile
+        _abort(1, grace=0.0)
+    if line is None or debug:
         sys.__excepthook__(exc_type, exc, tb)
     if line is not None:
         sys.stderr.write(line + "\n")
-    _abort(1)
+    _abort(1, grace=0.0)  # the grace was spent hearing the other ranks
 
 
 def departed() -> List[int]:
@@ -162,10 +171,10 @@ def departure_message(exc) -> Optional[str]:
             f"ending the job (its own message, if any, is above)")
 
 
-def _abort(code: int) -> None:
+def _abort(code: int, grace: float = ABORT_GRACE_SECONDS) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(ABORT_GRACE_SECONDS)
+    time.sleep(grace)
     _rt.world.Abort(code)
 
 
