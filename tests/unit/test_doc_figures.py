@@ -74,7 +74,7 @@ def readme_straggler():
 
 
 def readme_ci_time():
-    return f"`make test` then took {minutes(record('ci_time.json')['make_test']['seconds'])} there (`benchmarks/results/ci_time.json`)"
+    return f"`make test`'s tests took {minutes(record('ci_time.json')['make_test']['seconds'])} on another (`benchmarks/results/ci_time.json`)"
 
 
 def readme_seeds():
