@@ -103,6 +103,33 @@ def guide_setup_time():
             "toolkit, 2026-11-23: Debian's OpenMPI, the venv from PyPI, Horovod's build; measured in commit 714672e)")
 
 
+def guide_second_setup():
+    message = subprocess.run(["git", "show", "-s", "--format=%B", "a654f6d"], cwd=ROOT, capture_output=True,
+                             text=True).stdout
+    if not message:
+        pytest.skip("commit a654f6d is not in this checkout's history")
+    assert "first setup measured on another fresh machine (4 min 54 s)" in message, message
+    return "4 min 54 s on another (2026-11-27, `make setup`; commit a654f6d)"
+
+
+def guide_gpu_build():
+    """The build's start and end lines in the device check's log."""
+    name = "device/device_check_log_20261127.txt"
+    with open(os.path.join(RESULTS, name)) as f:
+        log = f.read()
+    start = re.search(r"\[device_check (\d+):(\d+):(\d+)\] building horovod \(nccl\)", log).groups()
+    end = re.search(r"\[device_check (\d+):(\d+):(\d+)\] horovod \(nccl\) built", log).groups()
+    seconds = sum(60 ** (2 - i) * (int(b) - int(a)) for i, (a, b) in enumerate(zip(start, end)))
+    return f"built it with NCCL in {minutes(seconds)} (`benchmarks/results/{name}`)"
+
+
+def simulator_study():
+    r = record("reproduce_compensation.json")
+    workers = r["settings"]["workers"]
+    return (f"ran {len(r['runs'])} such runs, {workers[0]} to {workers[-1]} workers, {r['settings']['epochs']} epochs "
+            f"each, two at a time, in {r['real_seconds']:.0f} s")
+
+
 def guide_ci_times():
     r = record("ci_time.json")
     return (f"its tests then took {minutes(r['make_test']['seconds'])} on this project's 2-core machine, and "
@@ -241,6 +268,7 @@ CLAIMS = [
     ("README.md", readme_straggler), ("README.md", readme_ci_time), ("README.md", readme_seeds),
     ("README.md", setup_time),
     ("docs/guide.md", guide_setup_time), ("docs/guide.md", guide_ci_times),
+    ("docs/guide.md", guide_second_setup), ("docs/guide.md", guide_gpu_build), ("docs/guide.md", simulator_study),
     ("docs/guide.md", rule_samples_per_second), ("docs/guide.md", rule_compensation), ("docs/guide.md", rule_odsgd),
     ("docs/guide.md", bench_straggler), ("docs/guide.md", bench_compensation), ("docs/guide.md", bench_overlap),
     ("docs/guide.md", one_commit_column),
@@ -259,23 +287,57 @@ def test_the_document_quotes_its_record(doc, claim):
 
 # --- convergence tables: each row generated from its record ------------------------------------------------
 
-def _cell(cell) -> str:
+def _cell(cell, mark_diverged=False) -> str:
     final = cell["final_test_accuracy"]
     text = f"{f3(cell['mean_final_test_accuracy'])} [{f3(min(final))}-{f3(max(final))}]"
+    if mark_diverged and cell["diverged"]:
+        return f"{text}, {cell['diverged']} diverged"
     return f"**{text}**" if cell["passes"] else text
 
 
-TABLES = [("convergence_4workers.json", ("mlp-4", "cnn-4", "cnn-4-straggler")),
-          ("convergence_lookahead.json", ("mlp-4", "cnn-4", "cnn-8", "cnn-4-straggler"))]
+def _algorithms(name: str, setting: str) -> dict:
+    return record(name)["table"][setting]["algorithms"]
 
 
-@pytest.mark.parametrize("name,settings", TABLES, ids=[t[0] for t in TABLES])
-def test_the_guides_convergence_tables_are_their_records(name, settings):
-    table = record(name)["table"]
+def _rows(columns, extra=None) -> list:
+    """The rows of a table whose columns are (record, setting) cells, for each algorithm of the
+    first column's record, those in every column; ``extra``: "points" (the gap to ssgd, in points)
+    or "diverged" (a cell says how many runs diverged, not in bold)."""
+    first = _algorithms(*columns[0])
+    rows = []
+    for algo in first:
+        cells = [_algorithms(*column).get(algo) for column in columns]
+        if None in cells:
+            continue
+        texts = [_cell(cell, mark_diverged=extra == "diverged") for cell in cells]
+        if extra == "points":
+            texts.append(f"{100 * cells[0]['gap_to_ssgd']:+.1f}")
+        rows.append(f"| {algo} | " + " | ".join(texts) + " |")
+    return rows
+
+
+FOUR = ("mlp-4", "cnn-4", "cnn-8", "cnn-4-straggler")
+TABLES = {
+    "convergence.json (35d9876)": ([("convergence.json", s) for s in FOUR], None),
+    "convergence_lookahead.json": ([("convergence_lookahead.json", s) for s in FOUR], None),
+    "convergence_cnn8.json": ([("convergence_cnn8.json", "cnn-8")], "points"),
+    "the workers' look-ahead": ([("convergence_worker_lookahead_cnn8.json", "cnn-8"),
+                                 ("convergence_worker_lookahead_off_cnn8.json", "cnn-8")], None),
+    "convergence_4workers.json": ([("convergence_4workers.json", s) for s in ("mlp-4", "cnn-4", "cnn-4-straggler")],
+                                  None),
+    "convergence_lc_dc_defaults.json": ([("convergence_lc_dc_defaults.json", s) for s in FOUR], None),
+    "convergence_before.json": ([("convergence_before.json", "cnn-4")], "diverged"),
+}
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_the_guides_convergence_tables_are_their_records(table):
+    columns, extra = TABLES[table]
     guide = read("docs/guide.md")
-    for algo in table[settings[0]]["algorithms"]:
-        row = f"| {algo} | " + " | ".join(_cell(table[s]["algorithms"][algo]) for s in settings) + " |"
-        assert row in guide, f"docs/guide.md's table from {name} must have the row\n  {row}"
+    rows = _rows(columns, extra)
+    assert len(rows) >= 2, rows
+    missing = [row for row in rows if row not in guide]
+    assert not missing, f"docs/guide.md's table from {table} must have the rows\n  " + "\n  ".join(missing)
 
 
 # --- no figure outside a checked claim ---------------------------------------------------------------------
