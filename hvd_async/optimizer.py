@@ -16,8 +16,10 @@ from .transport.base import Transport
 logger = logging.getLogger(__name__)
 
 
-# Options the wrapper itself gives a meaning under every algorithm (the strategies need not know):
-# torch sums gradients over backward passes by itself, and densifying is done before the step.
+# Options accepted under every algorithm (the strategies need not know): torch sums gradients over
+# backward passes by itself; the algorithms other than ssgd exchange one dense flat buffer whatever
+# the gradients' layout, and leave a sparse gradient sparse for the user's optimizer, as Horovod
+# hands it back after densifying.
 _WRAPPER_OPTIONS = ("backward_passes_per_step", "sparse_as_dense")
 _HOROVOD_FIELDS = tuple(f.name for f in dataclasses.fields(HorovodOptions))
 
@@ -258,11 +260,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(STEP_AFTER_SYNCHRONIZE, stacklevel=2)
         self._synchronized = False
         self.begin()
-        if self.horovod_options.sparse_as_dense and self.algorithm != "ssgd":  # (ssgd: in its hooks)
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None and p.grad.is_sparse:
-                        p.grad = p.grad.to_dense()
         if loss is not None:  # (a loss that requires grad is read detached, as the caller's own .item())
             self.strategy.reported_loss = float(loss.detach() if torch.is_tensor(loss) else loss)
         return self.strategy.step(closure)

@@ -76,8 +76,9 @@ class SSGD(Strategy):
         compression: 'none' (default), 'fp16', or a ``hvd.Compression`` class.
         op: 'average' (default) or 'sum' (``hvd.Average`` / ``hvd.Sum`` accepted).
         gradient_predivide_factor: gradients scaled by 1/f before the sum and by f after (Horovod's).
-        sparse_as_dense: densify sparse gradients before the allreduce; without it a sparse
-            gradient is reduced by Horovod's sparse allreduce (an allgather), as Horovod does.
+        sparse_as_dense: densify sparse gradients for the allreduce (the optimizer then gets the
+            sum made sparse again); without it a sparse gradient is reduced by Horovod's sparse
+            allreduce (an allgather). Both as Horovod does.
         num_groups, groups: Horovod's fusion groups; accepted, with no effect on the result.
         undo_on_device: with gradients on a GPU and an optimizer that cannot skip on a device flag
             (torch's unfused SGD), a step whose averaged gradient is not finite is undone on the device
@@ -95,6 +96,7 @@ class SSGD(Strategy):
                            if p.requires_grad and transport.size > 1]
         self._delay = {p: options.backward_passes_per_step for p in self._trainable}
         self._handles = {}  # parameter -> (handle or None, compression context)
+        self._densified = set()  # sparse gradients reduced dense (sparse_as_dense): made sparse again after
         # The non-finite guard: each worker screens its own gradients as they go out (hot in cache),
         # and one flag per step, reduced with the gradients, says whether any worker's screen
         # tripped; only then is the averaged gradient checked element by element.
@@ -122,6 +124,7 @@ class SSGD(Strategy):
                 self._screens.append(torch.dot(values, values))
                 return self.transport.sparse_allreduce_async(p.grad, name=name, op=op), None
             p.grad = p.grad.to_dense()
+            self._densified.add(p)
         flat = p.grad.reshape(-1)
         self._screens.append(torch.dot(flat, flat) if flat.is_floating_point() else flat.sum())
         if factor != 1.0:
@@ -154,6 +157,9 @@ class SSGD(Strategy):
             p.grad.set_(self.options.compression.decompress(output, ctx))
             if factor != 1.0:
                 p.grad.mul_(factor)
+            if p in self._densified:  # as Horovod: the optimizer gets a sparse gradient, as it would alone
+                p.grad = p.grad.to_sparse()
+        self._densified.clear()
         self._handles.clear()
 
     def _start_flag(self) -> None:
