@@ -107,11 +107,11 @@ def dc_pushes(numel: int):
     import torch
 
     import hvd_async as ha
-    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.algorithms.payload import SGDPayload
     from hvd_async.transport import window as W
 
-    header = {F_LR: 1e-3, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
-    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}
+    header = SGDPayload(lr=1e-3).encode()
+    options = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95, "lookahead": False, "push_clip": 0.0}
     grad, out = torch.full((numel,), 1e-3), torch.zeros(numel)
     transports = {}
     for wire in ("fp32", "fp16"):

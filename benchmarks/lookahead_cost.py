@@ -27,9 +27,9 @@ from common import HERE, ROOT, parse_size, spread, write_record
 if ROOT not in sys.path:
     sys.path.append(ROOT)
 
-from hvd_async.algorithms.dcasgd import DCProgram  # noqa: E402
-from hvd_async.algorithms.ps import F_LR, F_MOMENTUM  # noqa: E402
-from hvd_async.algorithms.softsync import SoftSyncProgram  # noqa: E402
+from hvd_async.algorithms.dcasgd import DCASGDOptions, DCProgram  # noqa: E402
+from hvd_async.algorithms.payload import SGDPayload  # noqa: E402
+from hvd_async.algorithms.softsync import SoftSyncOptions, SoftSyncProgram  # noqa: E402
 from hvd_async.transport import window as W  # noqa: E402
 from hvd_async.transport.window.host import WidenedSlots  # noqa: E402
 
@@ -62,14 +62,15 @@ class _Shard:
 def make(algo: str, numel: int, lookahead: bool, wire: str = "fp32"):
     host = _Shard(numel, wire)
     if algo == "dc-asgd":
-        return DCProgram(host, lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=lookahead)
-    return SoftSyncProgram(host, n=WORKERS, staleness_lr=False, momentum="per-worker", push_rate="average",
-                           lookahead=lookahead)
+        return DCProgram(host, DCASGDOptions(lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=lookahead,
+                                             push_clip=0.0))
+    return SoftSyncProgram(host, SoftSyncOptions(n=WORKERS, staleness_lr=False, momentum="per-worker",
+                                                 push_rate="average", lookahead=lookahead))
 
 
 def request():
     header = np.zeros(W.H_LEN, dtype=np.float64)
-    W.encode_request(header, W.Kind.PUSH, {F_LR: 0.1 / WORKERS, F_MOMENTUM: 0.9})
+    W.encode_request(header, W.Kind.PUSH, SGDPayload(lr=0.1 / WORKERS, momentum=0.9).encode())
     return W.Request.decode(header, 0, 0)
 
 

@@ -104,12 +104,8 @@ class BackupSGD(MailboxStrategy):
             check_backups(backups, workers)
 
     @classmethod
-    def server_options(cls, options) -> Dict:
-        return {"backups": options.backups}
-
-    @classmethod
     def server_program(cls, host):
-        return BackupProgram(host, **host.spec.options)
+        return BackupProgram(host, cls.server_spec(host))
 
     def _count(self, answers) -> None:
         status = answers.rows[:, W.R_STATUS]
@@ -140,9 +136,9 @@ class BackupProgram(MailboxProgram):
     """A shard's side of backup-sgd: takes the first ``workers - backups`` pushes computed on the current
     weights, applies their mean, drops the later ones (see the module docstring)."""
 
-    def __init__(self, host, backups: int):
+    def __init__(self, host, options: BackupSGDOptions):
         super().__init__(host)
-        self.need = host.spec.workers - backups
+        self.need = host.spec.workers - options.backups
         self.accepted: List = []  # (worker, payload) of the gradients for the current version, as they came
         self.dropped = [0] * host.spec.workers
         self.mean = torch.zeros_like(host.weights)
@@ -176,7 +172,7 @@ class BackupProgram(MailboxProgram):
             return
         workers = [m for m, _ in self.accepted]
         mean_([self.host.inbox[m] for m in workers], self.mean)
-        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.step_kwargs(self.accepted[-1][1]))
+        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.accepted[-1][1].sgd_kwargs())
         self.host.bump([0] * len(workers), pushes=len(workers))
         self.accepted = []
         for m in workers:

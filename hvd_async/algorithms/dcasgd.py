@@ -1,6 +1,7 @@
 """dc-asgd: the servers apply each worker's gradient with delay compensation
 ``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker, and answer with the
 look-ahead weights (``lookahead``)."""
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
@@ -13,7 +14,8 @@ from ..rules import DCRule
 from ..rules.dc import SCRATCH_KEYS, scratch
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import (F_GRAD_NORM, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram,
+from .payload import SGDPayload
+from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram,
                  MailboxStrategy, check_lookahead, check_push_rate)
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
@@ -131,21 +133,25 @@ class DCASGD(MailboxStrategy):
     """
 
     name = "dc-asgd"
-
-    @classmethod
-    def sends_grad_norm(cls, options) -> bool:
-        return bool(options.push_clip)  # the clip reads the whole gradient's norm, not this shard's
     Options = DCASGDOptions
     compensates = True
 
-    @classmethod
-    def server_options(cls, options) -> Dict:
-        return {"lam": options.lam, "adaptive": options.adaptive, "ms_momentum": options.ms_momentum,
-                "lookahead": options.lookahead, "compensate": options.compensate, "push_clip": options.push_clip}
+    def payload(self, grad, loss) -> "DCPayload":
+        """Adds the whole gradient's 2-norm where the push clip reads it: a server holds one shard's
+        slice only, and a clip on the whole norm scales every shard's slice alike."""
+        norm = float(grad.norm()) if self.options.push_clip else 0.0
+        return DCPayload(**dataclasses.asdict(super().payload(grad, loss)), grad_norm=norm)
 
     @classmethod
     def server_program(cls, host):
-        return DCProgram(host, **host.spec.options)
+        return DCProgram(host, cls.server_spec(host))
+
+
+@dataclass(frozen=True)
+class DCPayload(SGDPayload):
+    """dc-asgd's push: SGD's hyperparameters and the whole gradient's 2-norm (0: not sent)."""
+
+    grad_norm: float = 0.0
 
 
 
@@ -157,11 +163,16 @@ def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
 
 
 class DCProgram(MailboxProgram):
-    uses_grad_norm = True  # (the workers' stats and the push clip read it)
+    """dc-asgd's server side: each push compensated, through its worker's momentum buffer, answered with
+    the look-ahead weights; built from dc-asgd's options."""
 
-    def __init__(self, host, lam, adaptive, ms_momentum, lookahead=False, compensate="always", push_clip=0.0):
+    uses_grad_norm = True  # (the workers' stats and the push clip read it)
+    Payload = DCPayload
+
+    def __init__(self, host, options: DCASGDOptions):
         super().__init__(host)
-        self.setup(DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum), lookahead, compensate, push_clip)
+        rule = DCRule(options.lam, adaptive=options.adaptive, ms_momentum=options.ms_momentum)
+        self.setup(rule, options.lookahead, options.compensate, options.push_clip)
 
     def setup(self, rule, lookahead: bool, compensate: str = "always", push_clip: float = 0.0) -> None:
         self.rule, self.compensate = rule, compensate
@@ -204,7 +215,7 @@ class DCProgram(MailboxProgram):
         ``convergence_cnn8_dc_default.json`` against ``convergence_cnn8_lam0.json``); a straggler's
         extra rounds go beyond it."""
         held = self.held[worker]
-        if not self.looks_ahead(self.step_kwargs(payload)):
+        if not self.looks_ahead(payload.sgd_kwargs()):
             return held
         others = sum(1 for k, state in enumerate(self.momentum)
                      if k != worker and state.get("momentum_buffer") is not None)
@@ -243,11 +254,11 @@ class DCProgram(MailboxProgram):
             grad_norm = float(grad.norm())
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         if self.push_clip is not None:  # on the whole gradient's norm (the worker sends it): every shard alike
-            whole = float(payload[F_GRAD_NORM])
+            whole = payload.grad_norm
             scale = self.push_clip.scale(whole if whole > 0 else grad_norm)
             if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
                 step = torch.mul(step, scale, out=scratch(self.state, grad, 1)[0])
-        kwargs, buffer = self.step_kwargs(payload), self.momentum[worker]
+        kwargs, buffer = payload.sgd_kwargs(), self.momentum[worker]
         if self.lookahead is not None:
             self.lookahead.remove(buffer)
         self.sgd.apply_(self.host.weights, step, buffer, **kwargs)

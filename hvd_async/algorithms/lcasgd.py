@@ -1,4 +1,5 @@
 """lc-asgd: dc-asgd's step scaled by the loss the servers predict for the pushing worker."""
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -10,8 +11,8 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .dcasgd import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP,
-                     PUSH_CLIP_HELP, DCASGD, _check_dc_numbers, DCProgram, check_push_clip, distance_sq)
-from .ps import F_LOSS, LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
+                     PUSH_CLIP_HELP, DCASGD, DCPayload, _check_dc_numbers, DCProgram, check_push_clip, distance_sq)
+from .ps import LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -91,25 +92,33 @@ class LCASGD(DCASGD):
                              "opt.step(loss=loss) (or opt.step(closure))")
         super()._exchange(grad, loss)
 
-    @classmethod
-    def server_options(cls, options) -> Dict:
-        return dict(options.rule_options(), lookahead=options.lookahead, push_clip=options.push_clip)
+    def payload(self, grad, loss) -> "LCPayload":
+        """Adds the mini-batch loss (0 where none was given)."""
+        return LCPayload(**dataclasses.asdict(super().payload(grad, loss)), loss=0.0 if loss is None else float(loss))
 
     @classmethod
     def server_program(cls, host):
-        return LCProgram(host, **host.spec.options)
+        return LCProgram(host, cls.server_spec(host))
 
+
+@dataclass(frozen=True)
+class LCPayload(DCPayload):
+    """lc-asgd's push: dc-asgd's, and the worker's mini-batch loss."""
+
+    loss: float = 0.0
 
 
 class LCProgram(DCProgram):
     """dc-asgd's program with the step scaled by the worker's predicted loss (rules/lc.py)."""
 
-    def __init__(self, host, lookahead=False, push_clip=0.0, **options):
+    Payload = LCPayload
+
+    def __init__(self, host, options: LCASGDOptions):
         MailboxProgram.__init__(self, host)
-        self.setup(LCRule(**options), lookahead, push_clip=push_clip)
+        self.setup(LCRule(**options.rule_options()), options.lookahead, push_clip=options.push_clip)
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
-        loss, version = float(payload[F_LOSS]), self.computed_at(worker, payload)
+        loss, version = payload.loss, self.computed_at(worker, payload)
         self.rule.observe(self.state, worker, version, loss)  # the loss where the gradient was computed
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=version)

@@ -57,9 +57,9 @@ from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
 from .flat import FlatModel, finite_grads, tensors_copy
-from .ps import (F_LOSS, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY, check_server_sgd, load_server_state_dict,
-                 mailbox_snapshot, server_sgd_hyper, server_state_dict)
-from .softsync import SoftSyncProgram
+from .payload import SGDPayload, check_server_sgd, server_sgd_hyper
+from .ps import load_server_state_dict, mailbox_snapshot, server_state_dict
+from .softsync import SoftSyncOptions, SoftSyncProgram
 
 EXCHANGES = ("window", "allreduce")
 
@@ -112,10 +112,10 @@ class _ServerExchange:
     def begin(self) -> None:
         self.transport.publish_(self.model.flat)
 
-    def start(self, grad: Optional[torch.Tensor], payload: Dict[int, float]) -> None:
+    def start(self, grad: Optional[torch.Tensor], payload: SGDPayload) -> None:
         if grad is not None:
             self.send.copy_(grad)
-            self.future = self.thread.submit(self._exchange, payload)
+            self.future = self.thread.submit(self._exchange, payload.encode())
 
     def _exchange(self, payload):
         """On the thread: push, wait for the global step, read it from the weights window. Without
@@ -170,7 +170,7 @@ class _AllreduceExchange:
     def begin(self) -> None:
         self.transport.broadcast_(self.model.flat, root=0, name="od-sgd.init")
 
-    def start(self, grad: Optional[torch.Tensor], payload: Dict[int, float]) -> None:
+    def start(self, grad: Optional[torch.Tensor], payload: SGDPayload) -> None:
         if grad is None:
             self.buffer.zero_()
         else:
@@ -187,9 +187,7 @@ class _AllreduceExchange:
         if count == 0:  # every worker's gradient was non-finite: no global step
             return
         mean = total[:-1].div_(count)
-        h = self.hyper
-        self.sgd.apply_(self.global_w, mean, self.sgd_state, lr=h[F_LR], momentum=h[F_MOMENTUM],
-                        weight_decay=h[F_WEIGHT_DECAY], nesterov=bool(h.get(F_NESTEROV, 0.0)))
+        self.sgd.apply_(self.global_w, mean, self.sgd_state, **self.hyper.sgd_kwargs())
 
     def state_dict(self) -> Dict:
         if self.handle is not None:
@@ -214,7 +212,8 @@ class _GlobalStepProgram(SoftSyncProgram):
     outbox_on_push = False
 
     def __init__(self, host):
-        super().__init__(host, n=1, staleness_lr=False)
+        super().__init__(host, SoftSyncOptions(n=1, staleness_lr=False, momentum="shared", push_rate="full",
+                                               lookahead=False))
         host.reset_writing_mark()
 
     def maybe_apply(self) -> None:
@@ -322,8 +321,6 @@ class ODSGD(Strategy):
         grad = finite_grads(self, self.model, "not exchanged")
         finite = grad is not None
         payload = server_sgd_hyper(self.name, self.optimizer)
-        if loss is not None:
-            payload[F_LOSS] = float(loss)
         start = self.clock()
         self.exchange.finish()  # w_g(t) is now in global_w
         self.wait_seconds += self.clock() - start

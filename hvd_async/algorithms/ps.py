@@ -29,6 +29,7 @@ Where optimizer state lives:
 Gradients holding NaN or infinity are never pushed: the worker skips the exchange, counts the step
 in ``stats()["skipped_nonfinite"]`` and logs it; the servers check again before applying.
 """
+import dataclasses
 import logging
 from typing import Dict, List, Optional
 
@@ -41,48 +42,10 @@ from ..rules import SGDRule
 from ..transport import window as W
 from .base import Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
-from .lookahead import Lookahead  # noqa: F401  (dcasgd and softsync import it from here)
+from .lookahead import Lookahead
+from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
 
 logger = logging.getLogger(__name__)
-
-# A push's payload as the family's strategies write it and their server programs read it (the
-# window transport carries these fields without knowing them)
-F_LR, F_MOMENTUM, F_WEIGHT_DECAY, F_NESTEROV, F_LOSS, F_GRAD_NORM = range(6)
-
-
-def server_sgd_hyper(algorithm: str, optimizer) -> Dict[int, float]:
-    """The SGD hyperparameters a push carries to a server-side rule, read from the param groups now
-    (so schedulers work); raises where the server cannot apply what the optimizer says."""
-    groups = optimizer.param_groups
-    first = groups[0]
-    if first.get("maximize", False):
-        raise ValueError(f"{algorithm}: maximize=True is not supported on the server; minimise the "
-                         f"negated objective instead")
-    if first.get("dampening", 0):
-        raise ValueError(f"{algorithm}: dampening={first['dampening']} is not supported; use 0")
-    for group in groups[1:]:
-        for key in ("lr", "momentum", "weight_decay", "nesterov"):
-            if group.get(key) != first.get(key):
-                raise ValueError(f"{algorithm} applies one rate on the server: every param group "
-                                 f"must share {key} (got {first.get(key)} and {group.get(key)})")
-    return {F_LR: float(first["lr"]), F_MOMENTUM: float(first.get("momentum", 0.0)),
-            F_WEIGHT_DECAY: float(first.get("weight_decay", 0.0)),
-            F_NESTEROV: float(bool(first.get("nesterov", False)))}
-
-
-
-def check_server_sgd(algorithm: str, optimizer) -> None:
-    """The rule runs on the servers with SGD's hyperparameters: the wrapped optimizer must be SGD."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        from .. import registry
-
-        anything = [name for name in registry.names() if registry.strategy_class(name).runs_user_optimizer]
-        raise TypeError(f"{algorithm} applies its SGD rule on the parameter servers: wrap a "
-                        f"torch.optim.SGD (got {type(optimizer).__name__}); these run any optimizer: "
-                        f"{', '.join(anything)}")
-    server_sgd_hyper(algorithm, optimizer)
-
-
 
 def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
     """Collective over the workers of a mailbox transport: everyone receives the global weights.
@@ -255,7 +218,6 @@ class MailboxStrategy(PSStrategy):
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
-        self._send_norm = self.sends_grad_norm(options)
         # softsync scales its aggregates on the server (it knows how many gradients each holds)
         on_server = self.scales_on_server or self.name == "softsync"
         self._scale = 1.0 if on_server else push_scale(options, transport.size)
@@ -265,23 +227,24 @@ class MailboxStrategy(PSStrategy):
         check_server_sgd(cls.name, optimizer)
 
     @classmethod
-    def sends_grad_norm(cls, options) -> bool:
-        """Whether each push carries the whole gradient's 2-norm (``F_GRAD_NORM``): a server holds one
-        shard's slice only, and a clip on the whole norm scales every shard's slice alike."""
-        return False
+    def server_options(cls, options) -> Dict:
+        """Every field of the options, as plain values (the servers rebuild them: :meth:`server_spec`)."""
+        return {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
 
     @classmethod
-    def hyper(cls, optimizer) -> Dict[int, float]:
-        return server_sgd_hyper(cls.name, optimizer)
+    def server_spec(cls, host):
+        """What the server program is built from: the strategy's typed options, as the workers resolved
+        them, rebuilt from what the transport carried."""
+        return cls.Options(**host.spec.options)
+
+    def payload(self, grad: torch.Tensor, loss: Optional[float]) -> Payload:
+        """What this push carries to the server program: the wrapped SGD's hyperparameters, the rate
+        scaled by the push rate (a program with more fields: a payload of its own, built here)."""
+        hyper = server_sgd_hyper(self.name, self.optimizer)
+        return dataclasses.replace(hyper, lr=hyper.lr * self._scale)
 
     def _exchange(self, grad, loss) -> None:
-        payload = self.hyper(self.optimizer)
-        payload[F_LR] *= self._scale
-        if loss is not None:
-            payload[F_LOSS] = float(loss)
-        if self._send_norm:
-            payload[F_GRAD_NORM] = float(grad.norm())
-        answers = self.transport.push(grad, self.model.flat, payload)
+        answers = self.transport.push(grad, self.model.flat, self.payload(grad, loss).encode())
         self.model.load_params()
         self._count(answers)
         self.global_pushes = answers.pushes
@@ -320,6 +283,7 @@ class MailboxProgram(W.ServerProgram):
     pass for both) and hands it to ``on_push``."""
 
     uses_grad_norm = False
+    Payload = SGDPayload  # what the pushes carry (decoded before on_push)
     momentum: Optional[List[Dict]] = None  # per-worker SGD state, where the program keeps one
     lookahead: Optional[Lookahead] = None  # the sum of those buffers, where it answers ahead
 
@@ -363,7 +327,7 @@ class MailboxProgram(W.ServerProgram):
                 self.snapshot(worker)
                 self.host.answer(worker, 0, W.Status.SKIPPED)
                 return
-            self.on_push(worker, grad, request.payload, grad_norm)
+            self.on_push(worker, grad, self.Payload.decode(request.payload), grad_norm)
         elif kind is W.Kind.PULL:
             self.snapshot(worker)
             self.host.answer(worker, 0, W.Status.SNAPSHOT)
@@ -383,13 +347,9 @@ class MailboxProgram(W.ServerProgram):
         self.active = set(int(m) for m in state["active"])
         self.sgd_state = tensors_copy(state["sgd_state"])
 
-    def step_kwargs(self, payload) -> Dict:
-        return {"lr": float(payload[F_LR]), "momentum": float(payload[F_MOMENTUM]),
-                "weight_decay": float(payload[F_WEIGHT_DECAY]), "nesterov": bool(payload[F_NESTEROV])}
-
     def on_push(self, worker, grad, payload, grad_norm: Optional[float] = None) -> None:
-        """A finite gradient from ``worker`` (``grad_norm``: its 2-norm under ``uses_grad_norm``, else
-        None)."""
+        """A finite gradient from ``worker``, with its decoded ``payload`` (``grad_norm``: its 2-norm
+        under ``uses_grad_norm``, else None)."""
         raise NotImplementedError
 
     def on_leave(self, worker) -> None:

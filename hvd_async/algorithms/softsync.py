@@ -95,26 +95,25 @@ class SoftSync(MailboxStrategy):
             raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
 
     @classmethod
-    def server_options(cls, options) -> Dict:
-        return {"n": options.n, "staleness_lr": options.staleness_lr, "momentum": options.momentum,
-                "push_rate": options.push_rate, "lookahead": options.lookahead}
-
-    @classmethod
     def server_program(cls, host):
-        return SoftSyncProgram(host, **host.spec.options)
+        return SoftSyncProgram(host, cls.server_spec(host))
 
 
 
 class SoftSyncProgram(MailboxProgram):
+    """softsync's server side: the mean of every ``c`` gradients, one update; built from softsync's
+    options (``n`` resolved)."""
+
     outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
 
-    def __init__(self, host, n, staleness_lr, momentum="shared", push_rate="full", lookahead=False):
+    def __init__(self, host, options: SoftSyncOptions):
         super().__init__(host)
-        self.c = max(1, host.spec.workers // n)
-        self.scale = staleness_lr
+        self.c = max(1, host.spec.workers // options.n)
+        self.scale = options.staleness_lr
+        momentum, lookahead = options.momentum, options.lookahead
         # 'average': an aggregate of c gradients takes c / workers of the rate, so that the
         # aggregates of one round of pushes (one per worker) make one ssgd step
-        self.rate = self.c / host.spec.workers if push_rate == "average" else 1.0
+        self.rate = self.c / host.spec.workers if options.push_rate == "average" else 1.0
         self.pending: List = []
         self.mean = torch.zeros_like(host.weights)
         # 'per-worker': each worker's gradients go through its own momentum buffer (dc-asgd's and
@@ -159,7 +158,7 @@ class SoftSyncProgram(MailboxProgram):
             return
         workers = [m for m, _ in self.pending]
         staleness = [self.staleness(m) for m in workers]
-        last = self.step_kwargs(self.pending[-1][1])  # the rate and momentum of the aggregate's step
+        last = self.pending[-1][1].sgd_kwargs()  # the rate and momentum of the aggregate's step
         if self.momentum is None:
             staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
             if self.rate != 1.0:
@@ -168,7 +167,7 @@ class SoftSyncProgram(MailboxProgram):
         else:
             directions = []
             for m, payload in self.pending:
-                kwargs = self.step_kwargs(payload)
+                kwargs = payload.sgd_kwargs()
                 del kwargs["lr"]
                 if self.lookahead is not None:
                     self.lookahead.remove(self.momentum[m])

@@ -12,7 +12,7 @@ import torch
 
 import hvd_async as ha
 from harness import check, main
-from hvd_async.algorithms.ps import F_LR
+from hvd_async.algorithms.payload import SGDPayload
 from hvd_async.transport import window as W
 
 NUMEL, ROUNDS, LR, MOMENTUM, WEIGHT_DECAY = 1001, 5, 0.5, 0.9, 0.01
@@ -114,13 +114,13 @@ def answers_say_dropped():
     flat = torch.ones(NUMEL)
     t.publish_(flat)
     if rank != workers - 1:
-        answers = t.push(torch.ones(NUMEL), flat, {F_LR: 1.0})  # lr 1: the mean of ones, one step
+        answers = t.push(torch.ones(NUMEL), flat, SGDPayload(lr=1.0).encode())  # lr 1: the mean of ones, one step
         check(answers.all(W.Status.APPLIED) and (answers.versions == 1).all(), f"on time: {answers.rows}")
         if rank == 0:
             comm.send(0, dest=workers - 1, tag=TAG_TOKEN)
     else:
         comm.recv(source=0, tag=TAG_TOKEN)
-        answers = t.push(torch.full((NUMEL,), 100.0), flat, {F_LR: 1.0})
+        answers = t.push(torch.full((NUMEL,), 100.0), flat, SGDPayload(lr=1.0).encode())
         check(answers.all(W.Status.DROPPED) and (answers.staleness == 1).all() and (answers.versions == 1).all(),
               f"late: {answers.rows}")
     check(np.array_equal(flat.numpy(), np.zeros(NUMEL, dtype=np.float32)), f"worker {rank} holds {flat[:4]}")

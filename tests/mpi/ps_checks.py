@@ -12,7 +12,7 @@ import torch
 
 import hvd_async as ha
 from harness import check, main, say
-from hvd_async.algorithms.ps import F_LR
+from hvd_async.algorithms.payload import SGDPayload
 from hvd_async.transport import window as W
 
 NUMEL = 1001  # not a multiple of 2: the shards differ in length
@@ -28,6 +28,12 @@ def integer_init(numel: int = NUMEL) -> torch.Tensor:
     return (torch.arange(numel) % 11).float()
 
 
+# the server programs' options as the servers receive them (every field): dc-asgd uncompensated with
+# no look-ahead and no push clip, softsync with one shared buffer at the full rate
+DC_PLAIN = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95, "lookahead": False, "push_clip": 0.0}
+SOFTSYNC_PLAIN = {"staleness_lr": False, "momentum": "shared", "push_rate": "full", "lookahead": False}
+
+
 def open_transport(algorithm, mode, options, numel=NUMEL):
     return W.WindowTransport(numel, comms=ha.runtime.comms(), algorithm=algorithm, mode=mode, options=options)
 
@@ -36,9 +42,9 @@ def no_lost_update():
     """Thousands of concurrent integer pushes with lr=1: the global weights lose none of them."""
     workers, rank = ha.size(), ha.rank()
     cases = [("asgd", "accumulate", {}, int(1500 * SCALE)),
-             ("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, int(400 * SCALE)),
-             ("softsync", "mailbox", {"n": workers, "staleness_lr": False}, int(400 * SCALE)),
-             ("lc-asgd", "mailbox", {"lam": 0.0, "loss_term": False}, int(200 * SCALE))]
+             ("dc-asgd", "mailbox", DC_PLAIN, int(400 * SCALE)),
+             ("softsync", "mailbox", dict(SOFTSYNC_PLAIN, n=workers), int(400 * SCALE)),
+             ("lc-asgd", "mailbox", dict(DC_PLAIN, loss_term=False), int(200 * SCALE))]
     for algorithm, mode, options, pushes in cases:
         t = open_transport(algorithm, mode, options)
         flat = integer_init().clone() if rank == 0 else torch.zeros(NUMEL)
@@ -67,9 +73,9 @@ def no_lost_update():
                 elif i % 10 == 5:
                     t.pull_async(flat).wait()
             elif i % 2:
-                answers = t.request_async(W.Kind.PUSH, grad=g, out=flat, payload={F_LR: 1.0}).wait()
+                answers = t.request_async(W.Kind.PUSH, grad=g, out=flat, payload=SGDPayload(lr=1.0).encode()).wait()
             else:
-                answers = t.push(g, flat, {F_LR: 1.0})
+                answers = t.push(g, flat, SGDPayload(lr=1.0).encode())
             if mode == "mailbox":
                 check(answers.all(W.Status.APPLIED), f"{algorithm}: push refused")
                 staleness, versions = answers.staleness, answers.versions
@@ -342,10 +348,10 @@ def nonfinite():
         check(torch.equal(param.detach(), expected), f"{algorithm}: the NaN push changed the weights")
         opt.close()
     # a NaN that reaches a server directly is refused there too
-    t = open_transport("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95}, numel)
+    t = open_transport("dc-asgd", "mailbox", DC_PLAIN, numel)
     flat = init.clone()
     t.publish_(flat)
-    answers = t.push(torch.full((numel,), float("inf")), flat, {F_LR: 1.0})
+    answers = t.push(torch.full((numel,), float("inf")), flat, SGDPayload(lr=1.0).encode())
     check(answers.all(W.Status.SKIPPED), "server applied an infinite gradient")
     check(torch.equal(flat, init), "an infinite gradient reached the weights")
     t.barrier()
@@ -390,13 +396,13 @@ def shutdown():
     workers, rank = ha.size(), ha.rank()
     early = rank == workers - 1 and workers > 1
     stayers = ha.worker_comm().Split(0 if not early else 1, rank)
-    t = open_transport("dc-asgd", "mailbox", {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95})
+    t = open_transport("dc-asgd", "mailbox", DC_PLAIN)
     flat = integer_init().clone()
     t.publish_(flat)
     pushed = torch.zeros(NUMEL, dtype=torch.float64)
     for i in range(5 if early else int(300 * SCALE)):
         g = integer_grad(rank, i)
-        t.push(g, flat, {F_LR: 1.0})
+        t.push(g, flat, SGDPayload(lr=1.0).encode())
         pushed += g.double()
     total = ha.worker_comm().allreduce(pushed.numpy())  # the early worker's part is in here
     if early:

@@ -156,17 +156,16 @@ def test_push_clip_bounds_a_push_out_of_line_and_barely_moves_its_mean():
 
 
 def test_dc_program_clips_the_pushed_step_and_checkpoints_the_mean():
-    from hvd_async.algorithms.dcasgd import DCProgram
-    from hvd_async.algorithms.ps import F_GRAD_NORM, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.algorithms.dcasgd import DCPayload, DCProgram
 
     # one shard holding the whole gradient: no whole norm sent (0), the shard's own is the gradient's
-    payload = {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0, F_GRAD_NORM: 0.0}
+    payload = DCPayload(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False, grad_norm=0.0)
     moves = {}
     for push_clip in (0.0, 1.5):
         host = _Host()
         torch.manual_seed(0)
         host.weights = torch.zeros(16)
-        program = DCProgram(host, lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=push_clip)
+        program = DCProgram(host, _dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=push_clip))
         for m in (0, 1):
             program.on_push(m, torch.ones(16), payload)
         before = host.weights.clone()
@@ -178,18 +177,17 @@ def test_dc_program_clips_the_pushed_step_and_checkpoints_the_mean():
     assert moves[1.5] == pytest.approx(0.1 * 1.5 * 4.0)  # scaled to 1.5 x the running mean norm (4)
     state = program.state_dict()
     assert state["push_clip_mean"] == pytest.approx(program.push_clip.mean)
-    again = DCProgram(_Host(), lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5)
+    again = DCProgram(_Host(), _dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5))
     again.load_state_dict(state)
     assert again.push_clip.mean == program.push_clip.mean
 
 
 def test_dc_program_checkpoint_holds_no_scratch():
-    from hvd_async.algorithms.dcasgd import DCProgram
-    from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.algorithms.dcasgd import DCPayload, DCProgram
 
     host = _Host()
-    program = DCProgram(host, lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=True)
-    payload = {F_LR: 0.05, F_MOMENTUM: 0.9, F_WEIGHT_DECAY: 0.0, F_NESTEROV: 0.0}
+    program = DCProgram(host, _dc_options(lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=True))
+    payload = DCPayload(lr=0.05, momentum=0.9, weight_decay=0.0, nesterov=False)
     for m in (0, 1, 0):
         g = torch.randn(16)
         program.on_push(m, g, payload)
@@ -252,22 +250,22 @@ def test_the_reported_compensation_is_the_step_minus_the_gradient(program_name, 
     # must still be ||step - g||^2 of the step applied, push by push, and 0 where the term is off
     import copy
 
-    from hvd_async.algorithms.dcasgd import DCProgram
-    from hvd_async.algorithms.lcasgd import LCProgram
-    from hvd_async.algorithms.ps import F_LOSS, F_LR, F_MOMENTUM, F_NESTEROV, F_WEIGHT_DECAY
+    from hvd_async.algorithms.dcasgd import DCASGDOptions, DCProgram
+    from hvd_async.algorithms.lcasgd import LCASGDOptions, LCPayload, LCProgram
 
     torch.manual_seed(1)
     host = _Host(workers=3, numel=64)
-    program = (DCProgram if program_name == "dc-asgd" else LCProgram)(host, **options)
+    make, options_cls = (DCProgram, DCASGDOptions) if program_name == "dc-asgd" else (LCProgram, LCASGDOptions)
+    program = make(host, _dc_options(options_cls, **options))
     sizes, zero = [], 0
     for i, m in enumerate((0, 1, 2, 0, 0, 1, 2, 2, 0)):
-        payload = {F_LR: 0.05, F_MOMENTUM: 0.9, F_WEIGHT_DECAY: 1e-4, F_NESTEROV: 0.0, F_LOSS: 2.0 - 0.1 * i}
+        payload = LCPayload(lr=0.05, momentum=0.9, weight_decay=1e-4, nesterov=False, loss=2.0 - 0.1 * i)
         g = torch.randn(64)
         twin = copy.deepcopy(program)  # the same state: its step is the one this push applies
         step = twin.compensated(m, g, payload).clone()
         twin_weights = twin.host.weights.clone()
         program.on_push(m, g, payload)
-        twin.sgd.apply_(twin_weights, step, twin.momentum[m], **twin.step_kwargs(payload))
+        twin.sgd.apply_(twin_weights, step, twin.momentum[m], **payload.sgd_kwargs())
         assert torch.equal(host.weights, twin_weights)  # the step measured is the step applied
         compensation_sq, grad_sq = host.sums
         assert compensation_sq == pytest.approx(float((step - g).norm()) ** 2, rel=1e-5, abs=1e-12)
@@ -295,3 +293,8 @@ def test_the_dc_term_joined_with_the_gradient_is_the_compensated_step_bit_for_bi
             term = rule.term(w, g, states[1], 0, active=active)
             assert (term is None) == (not (rule.lam and active))
             assert torch.equal(rule.joined(term, g, states[1]), whole)
+
+
+def _dc_options(options_cls=DCASGDOptions, **given):
+    """dc-asgd's (or lc-asgd's) options with the look-ahead and the push clip off unless given."""
+    return options_cls(**dict(dict(lookahead=False, push_clip=0.0), **given))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_async.algorithms.dcasgd import DCProgram
-from hvd_async.algorithms.ps import F_LR, F_MOMENTUM, F_WEIGHT_DECAY
-from hvd_async.algorithms.softsync import SoftSyncProgram
+from hvd_async.algorithms.dcasgd import DCASGDOptions, DCPayload, DCProgram
+from hvd_async.algorithms.payload import SGDPayload
+from hvd_async.algorithms.softsync import SoftSyncOptions, SoftSyncProgram
 from hvd_async.rules import SGDRule
 from hvd_async.transport import window as W
 
@@ -41,9 +41,19 @@ class FakeHost:
         pass
 
 
+def dc_options(**given):
+    """dc-asgd's options with the look-ahead and the push clip off unless given."""
+    return DCASGDOptions(**dict(dict(lookahead=False, push_clip=0.0), **given))
+
+
+def softsync_options(**given):
+    """softsync's options with one shared buffer, the full rate and no look-ahead unless given."""
+    return SoftSyncOptions(**dict(dict(momentum="shared", push_rate="full", lookahead=False), **given))
+
+
 def header(lr=0.1, momentum=0.9, weight_decay=0.01):
     h = np.zeros(W.H_LEN, dtype=np.float64)  # as a worker encodes it, as the host decodes it
-    W.encode_request(h, W.Kind.PUSH, {F_LR: lr, F_MOMENTUM: momentum, F_WEIGHT_DECAY: weight_decay})
+    W.encode_request(h, W.Kind.PUSH, SGDPayload(lr=lr, momentum=momentum, weight_decay=weight_decay).encode())
     return W.Request.decode(h, 0, 0)
 
 
@@ -62,8 +72,8 @@ def test_softsync_at_n_workers_unscaled_is_asgd_under_momentum(momentum):
     """An interleaved order of pushes (as asynchrony makes it): per-worker buffers give dc-asgd's
     (lam 0) weights bit for bit; one shared buffer does not (it mixes every worker's momentum)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(1))
-    soft = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum=momentum)
-    dc = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum=momentum))
+    dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95))
     order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2, 2, 0, 1, 3]
     rng = gradients(len(order))
     for i, worker in enumerate(order):
@@ -77,7 +87,7 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
     """n = 1: each aggregate holds one gradient from every worker; per-worker buffers averaged are
     ssgd's buffer of the averaged gradient (to rounding)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(2))
-    soft = SoftSyncProgram(FakeHost(w0), n=1, staleness_lr=True, momentum="per-worker")
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=1, staleness_lr=True, momentum="per-worker"))
     reference, state = w0.clone(), {}
     for grads in gradients(6, seed=3):
         for worker in (2, 0, 3, 1):
@@ -89,10 +99,10 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
 
 def test_softsync_momentum_survives_a_state_dict():
     w0 = torch.zeros(N)
-    first = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    first = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=True, momentum="per-worker"))
     for i, worker in enumerate([0, 1, 2, 0]):
         push(first, worker, gradients(4)[i][worker])
-    second = SoftSyncProgram(FakeHost(first.host.weights), n=WORKERS, staleness_lr=True, momentum="per-worker")
+    second = SoftSyncProgram(FakeHost(first.host.weights), softsync_options(n=WORKERS, staleness_lr=True, momentum="per-worker"))
     second.load_state_dict(first.state_dict())
     second.host.version, second.host.outbox = first.host.version, [o.clone() for o in first.host.outbox]
     for program in (first, second):
@@ -113,8 +123,8 @@ def test_lookahead_answers_where_the_workers_momentum_carries_the_weights():
     """dc-asgd (lam 0, so the backups do not enter the update): the look-ahead leaves the servers' weights
     as they are and answers each push with them moved by every worker's momentum term."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
-    ahead = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
-    plain = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95)
+    ahead = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
+    plain = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95))
     order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2]
     rng = gradients(len(order), seed=5)
     for i, worker in enumerate(order):
@@ -131,8 +141,8 @@ def test_softsync_lookahead_is_dc_asgds_at_n_workers():
     """softsync with n = workers and the rate unscaled applies each push alone: its answers are
     dc-asgd's (lam 0) look-ahead answers; the per-push share of the rate is lr / 1 here."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(6))
-    soft = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum="per-worker", lookahead=True)
-    dc = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum="per-worker", lookahead=True))
+    dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     for i, worker in enumerate([3, 1, 0, 2, 1, 3, 0]):
         grad = gradients(7, seed=7)[i][worker]
         push(soft, worker, grad)
@@ -144,10 +154,10 @@ def test_softsync_lookahead_is_dc_asgds_at_n_workers():
 
 def test_lookahead_sum_is_rebuilt_from_a_state_dict():
     w0 = torch.zeros(N)
-    first = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    first = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     for i, worker in enumerate([0, 1, 2, 0]):
         push(first, worker, gradients(4, seed=8)[i][worker])
-    second = DCProgram(FakeHost(first.host.weights), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+    second = DCProgram(FakeHost(first.host.weights), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     second.load_state_dict(first.state_dict())
     second.host.version = first.host.version
     for program in (first, second):
@@ -156,8 +166,8 @@ def test_lookahead_sum_is_rebuilt_from_a_state_dict():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("make", [lambda host: DCProgram(host, lam=0.5, adaptive=True, ms_momentum=0.95),
-                                  lambda host: SoftSyncProgram(host, n=WORKERS, staleness_lr=False)],
+@pytest.mark.parametrize("make", [lambda host: DCProgram(host, dc_options(lam=0.5, adaptive=True, ms_momentum=0.95)),
+                                  lambda host: SoftSyncProgram(host, softsync_options(n=WORKERS, staleness_lr=False))],
                          ids=["dc-asgd", "softsync"])
 def test_a_server_skips_a_non_finite_gradient_and_applies_the_next(make, bad):
     """The servers' own check (a worker that skipped its check, or a flipped bit on the way): the
@@ -181,10 +191,10 @@ def test_a_closed_workers_momentum_leaves_the_look_ahead(algorithm):
     buffers: the answers no longer carry the momentum of a worker that will never push again."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
     if algorithm == "dc-asgd":
-        program = DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True)
+        program = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     else:
-        program = SoftSyncProgram(FakeHost(w0), n=WORKERS, staleness_lr=False, momentum="per-worker",
-                                  lookahead=True)
+        program = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum="per-worker",
+                                  lookahead=True))
     rng = gradients(3, seed=5)
     for r in range(3):
         for worker in range(WORKERS):
@@ -207,16 +217,14 @@ def test_the_push_clip_reads_the_whole_gradients_norm_so_shards_scale_alike():
     whole gradient's norm (sent with the push), so the applied step is parallel to the gradient. Here
     shard A's slice is as large as the first push's while shard B's grew tenfold: per-shard norms
     would clip B alone."""
-    from hvd_async.algorithms.ps import F_GRAD_NORM
-
     def clip_push(program, worker, grad, whole):
         h = np.zeros(W.H_LEN, dtype=np.float64)
-        W.encode_request(h, W.Kind.PUSH, {F_LR: 0.1, F_MOMENTUM: 0.0, F_WEIGHT_DECAY: 0.0, F_GRAD_NORM: whole})
+        W.encode_request(h, W.Kind.PUSH, DCPayload(lr=0.1, grad_norm=whole).encode())
         program.host.inbox[worker].copy_(grad)
         program.on_request(worker, W.Request.decode(h, 0, worker))
 
     w0 = torch.zeros(N)
-    shards = [DCProgram(FakeHost(w0), lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5) for _ in range(2)]
+    shards = [DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, push_clip=1.5)) for _ in range(2)]
     first = [torch.ones(N), torch.ones(N)]
     second = [torch.ones(N), 10 * torch.ones(N)]
     for program, g in zip(shards, first):
@@ -234,10 +242,10 @@ def test_backup_sgd_applies_the_mean_of_the_first_n_minus_b_and_drops_the_late()
     """backup-sgd, 4 workers, 1 backup: each round the first 3 pushes on the current weights wait, unanswered,
     then make one step of torch's SGD (momentum 0.9, weight decay 0.01) with their mean; the 4th, computed
     on the weights before that step, is dropped: answered at once with the new weights, counted, not applied."""
-    from hvd_async.algorithms.backup import BackupProgram
+    from hvd_async.algorithms.backup import BackupProgram, BackupSGDOptions
 
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(4))
-    program = BackupProgram(FakeHost(w0), backups=1)
+    program = BackupProgram(FakeHost(w0), BackupSGDOptions(backups=1))
     reference = torch.nn.Parameter(w0.clone())
     sgd = torch.optim.SGD([reference], lr=0.1, momentum=0.9, weight_decay=0.01)
     orders = [(2, 0, 3, 1), (1, 3, 0, 2), (0, 1, 2, 3)]
@@ -266,9 +274,9 @@ def test_backup_sgd_applies_the_mean_of_the_first_n_minus_b_and_drops_the_late()
 def test_backup_sgd_pushes_for_an_old_version_are_dropped_even_before_the_step():
     """A worker still on version 0 after a step pushes while version 1's step is half collected: dropped;
     the step then takes the first 3 pushes on version 1 (backups 1), the dropped one's gradient not among them."""
-    from hvd_async.algorithms.backup import BackupProgram
+    from hvd_async.algorithms.backup import BackupProgram, BackupSGDOptions
 
-    program = BackupProgram(FakeHost(torch.zeros(N)), backups=1)
+    program = BackupProgram(FakeHost(torch.zeros(N)), BackupSGDOptions(backups=1))
     for worker in (0, 1, 2):
         push(program, worker, torch.ones(N))
     assert program.host.version == 1
@@ -288,9 +296,9 @@ def test_backup_sgd_pushes_for_an_old_version_are_dropped_even_before_the_step()
 def test_backup_sgd_steps_with_every_active_worker_when_fewer_push():
     """Workers going idle (an epoch's end) do not leave the others waiting: with 2 of 4 left, the 2
     gradients in make the step; backups=0 with everyone pushing is the mean of all 4 (ssgd's)."""
-    from hvd_async.algorithms.backup import BackupProgram
+    from hvd_async.algorithms.backup import BackupProgram, BackupSGDOptions
 
-    program = BackupProgram(FakeHost(torch.zeros(N)), backups=1)
+    program = BackupProgram(FakeHost(torch.zeros(N)), BackupSGDOptions(backups=1))
     idle = W.Request(W.Kind.IDLE, np.zeros(W.PAYLOAD_LEN))
     push(program, 0, torch.ones(N))
     push(program, 1, torch.full((N,), 3.0))
@@ -299,7 +307,7 @@ def test_backup_sgd_steps_with_every_active_worker_when_fewer_push():
     program.on_request(2, idle)
     assert program.host.version == 1 and not program.waiting_on()
     torch.testing.assert_close(program.host.weights, torch.full((N,), -0.2))  # - 0.1 * (1 + 3) / 2
-    sync = BackupProgram(FakeHost(torch.zeros(N)), backups=0)
+    sync = BackupProgram(FakeHost(torch.zeros(N)), BackupSGDOptions(backups=0))
     for worker in (3, 1, 0, 2):
         push(sync, worker, torch.full((N,), float(worker)))
     torch.testing.assert_close(sync.host.weights, torch.full((N,), -0.15))  # - 0.1 * mean(0, 1, 2, 3)
