@@ -25,7 +25,7 @@ class HorovodOptions:
     num_groups: int = 0                  # allreduce fusion groups (speed only)
     groups: Any = None                   # explicit fusion groups (speed only)
     sparse_as_dense: bool = False        # densify sparse gradients before the exchange
-    process_set: Any = None              # only the global process set (all workers)
+    process_set: Any = None              # a Horovod process set (ssgd); None or the global one: all workers
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
@@ -42,15 +42,18 @@ class HorovodOptions:
             raise ValueError(f"gradient_predivide_factor not supported with op != Average (got "
                              f"gradient_predivide_factor={f!r}, op={self.op!r}); leave the factor at 1.0 "
                              f"with op=hvd.Sum")
-        if self.process_set is not None and getattr(self.process_set, "process_set_id", None) != 0:
-            raise ValueError(f"process_set={self.process_set!r}: hvd_async exchanges among all workers; "
-                             f"pass hvd.global_process_set or leave it out")
+        if self.process_set is not None:
+            set_id = getattr(self.process_set, "process_set_id", None)
+            if set_id is None:
+                raise ValueError(f"process_set={self.process_set!r} is not a Horovod process set; pass one "
+                                 f"that hvd.add_process_set() returned, or leave it out (all workers)")
+            if set_id == 0:
+                self.process_set = None  # hvd.global_process_set: every worker, the default
 
     def non_default(self) -> Dict[str, Any]:
         """The options set to something other than Horovod's default."""
         default = HorovodOptions()
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "process_set" and getattr(self, f.name) != getattr(default, f.name)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
 
 
 def compression_name(value) -> str:

@@ -200,8 +200,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if own_transport:
             comms = runtime.comms("DistributedOptimizer")
             _check_servers_serve(algorithm, options)
-            _check_same_model(named, comms.group.allgather)
+            if hvd_options.process_set is None:  # (over a process set: only its members are here)
+                _check_same_model(named, comms.group.allgather)
             transport = strategy_cls.make_transport(named, parsed, comms)
+            if hvd_options.process_set is not None:
+                _check_same_model(named, transport.allgather_object)
         else:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer

@@ -38,3 +38,11 @@ def test_an_exception_on_a_server_ends_the_job_at_once():
             "server program") in result.out, result.out[-3000:]
     assert "WORKER" not in result.out, "the workers finished although the server failed"
     assert took < 30, f"the job took {took:.0f} s to end after the server's fault"
+
+
+def test_ssgd_over_a_process_set_is_horovods():
+    """ssgd passes Horovod's process_set through: two of three workers train over their set, bit for
+    bit as Horovod's optimizer over it; the third alone; gossip refuses a set in one line."""
+    result = mpirun(3, python("tests/mpi/process_set_job.py"), env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=120)
+    assert result.returncode == 0, result.out[-4000:]
+    assert sorted(re.findall(r"PROCESS SET OK worker (\d)", result.out)) == ["0", "1", "2"], result.out[-3000:]

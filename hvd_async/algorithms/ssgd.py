@@ -57,6 +57,7 @@ class SSGDOptions:
     groups: Any = option(None, "Horovod's explicit fusion groups: accepted, as num_groups")
     undo_on_device: bool = option(True, "GPU, optimizer without found_inf: skip a non-finite step by undoing "
                                   "it on the device (a copy of parameters and state); False: host read")
+    process_set: Any = None  # Horovod's process set (Python API only): train over its workers alone
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
@@ -76,6 +77,8 @@ class SSGD(Strategy):
         compression: 'none' (default), 'fp16', or a ``hvd.Compression`` class.
         op: 'average' (default) or 'sum' (``hvd.Average`` / ``hvd.Sum`` accepted).
         gradient_predivide_factor: gradients scaled by 1/f before the sum and by f after (Horovod's).
+        process_set: Horovod's process set: only its workers build the optimizer and average among
+            themselves (``hvd.add_process_set``; None or ``hvd.global_process_set``: every worker).
         sparse_as_dense: densify sparse gradients for the allreduce (the optimizer then gets the
             sum made sparse again); without it a sparse gradient is reduced by Horovod's sparse
             allreduce (an allgather). Both as Horovod does.
@@ -88,6 +91,14 @@ class SSGD(Strategy):
 
     name = "ssgd"
     Options = SSGDOptions
+    fused_sgd = True  # torch's fused SGD skips a non-finite step itself: the guard reads nothing on the host
+
+    @classmethod
+    def make_transport(cls, named_parameters, options, comms):
+        """Horovod's collectives, over ``options.process_set``'s workers where one is given."""
+        from ..transport.horovod import HorovodTransport
+
+        return HorovodTransport(options.process_set)
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

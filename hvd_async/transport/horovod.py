@@ -1,4 +1,5 @@
 """Collectives through Horovod (allreduce over the workers' communicator): the ssgd transport."""
+import pickle
 from typing import Any, List
 
 import torch
@@ -7,9 +8,10 @@ from .base import CollectiveTransport, ReduceOp
 
 
 class HorovodTransport(CollectiveTransport):
-    """Horovod's allreduce/broadcast/allgather among the workers (``hvd_async.init`` set it up)."""
+    """Horovod's allreduce/broadcast/allgather among the workers (``hvd_async.init`` set it up), or
+    among the workers of a Horovod ``process_set`` (its members only build and use it)."""
 
-    def __init__(self):
+    def __init__(self, process_set=None):
         super().__init__()
         import horovod.torch as hvd
 
@@ -18,23 +20,27 @@ class HorovodTransport(CollectiveTransport):
                                "first (server ranks have no Horovod and cannot hold this transport)")
         self._hvd = hvd
         self._ops = {ReduceOp.AVERAGE: hvd.Average, ReduceOp.SUM: hvd.Sum}
+        self._set = hvd.global_process_set if process_set is None else process_set
+        if not self._set.included():
+            raise ValueError(f"process_set={process_set!r} does not include this worker (Horovod rank "
+                             f"{hvd.rank()}): only its members build an optimizer over it")
 
     @property
     def rank(self) -> int:
-        return self._hvd.rank()
+        return self._set.rank()
 
     @property
     def size(self) -> int:
-        return self._hvd.size()
+        return self._set.size()
 
     def allreduce_async_(self, tensor: torch.Tensor, *, name: str, op: ReduceOp) -> Any:
         self._check_open()
-        return self._hvd.allreduce_async_(tensor, name=name, op=self._ops[op])
+        return self._hvd.allreduce_async_(tensor, name=name, op=self._ops[op], process_set=self._set)
 
     def sparse_allreduce_async(self, tensor: torch.Tensor, *, name: str, op: ReduceOp) -> Any:
         """Start Horovod's sparse allreduce (an allgather of indices and values); returns a handle."""
         self._check_open()
-        return self._hvd.sparse_allreduce_async(tensor, name=name, op=self._ops[op])
+        return self._hvd.sparse_allreduce_async(tensor, name=name, op=self._ops[op], process_set=self._set)
 
     def synchronize(self, handle) -> torch.Tensor:
         self._check_open()
@@ -44,8 +50,15 @@ class HorovodTransport(CollectiveTransport):
 
     def broadcast_(self, tensor: torch.Tensor, *, root: int, name: str) -> torch.Tensor:
         self._check_open()
-        return self._hvd.broadcast_(tensor, root_rank=root, name=name)
+        return self._hvd.broadcast_(tensor, root_rank=root, name=name, process_set=self._set)
 
     def allgather_object(self, obj) -> List[Any]:
+        """Every member's ``obj``, in rank order (Horovod's allgather_object knows no process set: the
+        pickled bytes go through its allgather, which takes rows of different counts)."""
         self._check_open()
-        return self._hvd.allgather_object(obj)
+        if self._set is self._hvd.global_process_set:
+            return self._hvd.allgather_object(obj)
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = self._hvd.allgather(torch.tensor([data.numel()]), process_set=self._set).tolist()
+        gathered = self._hvd.allgather(data, process_set=self._set)
+        return [pickle.loads(chunk.numpy().tobytes()) for chunk in torch.split(gathered, sizes)]
