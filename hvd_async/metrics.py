@@ -138,29 +138,30 @@ class RunMetrics:
         self.per_worker("time/exchange_wait_ms_per_step", worker_exchange_wait_ms, epoch)
         return entry
 
-    def server(self, epoch: int, *, pushes: int, seconds: float, stats: Dict) -> Dict[str, float]:
+    def server(self, epoch: int, *, pushes: int, seconds: float, stats: Dict, compensation=None) -> Dict[str, float]:
         """The parameter servers' scalars for one epoch (:data:`SERVER_TAGS`): pushes applied per
         second of this epoch's training (``pushes``: the running count, ``opt.progress()``), the
-        server's time per push, and over this epoch's pushes the compensation norms (``stats`` of
-        dc-asgd and lc-asgd). Returns them, for the history."""
+        server's time per push, and over this epoch's pushes the compensation norms (``compensation``:
+        the strategy's running :class:`~hvd_async.algorithms.base.CompensationSums`, None where it
+        compensates nothing). Returns them, for the history."""
         out = {"server_pushes_per_second": self.delta("pushes", pushes) / max(seconds, 1e-9)}
         if "server_ms_per_push" in stats:
             out["server_ms_per_push"] = stats["server_ms_per_push"]
-        if "compensation_sq_sum" in stats:
-            out.update(compensation_norms(self.delta("compensation_sq", stats["compensation_sq_sum"]),
-                                          self.delta("grad_sq", stats["grad_sq_sum"]),
-                                          self.delta("server_pushes", stats["server_pushes"])))
+        if compensation is not None:
+            out.update(compensation_norms(self.delta("compensation_sq", compensation.compensation_sq),
+                                          self.delta("grad_sq", compensation.grad_sq),
+                                          self.delta("server_pushes", compensation.pushes)))
         for name, value in out.items():
             self.scalar(SERVER_TAGS[name], value, epoch)
         return out
 
     @staticmethod
-    def compensation(stats: Dict) -> Dict[str, float]:
-        """The compensation norms over the whole run, from dc-asgd's or lc-asgd's ``opt.stats()``
-        (empty for the other algorithms)."""
-        if "compensation_sq_sum" not in stats:
+    def compensation(sums) -> Dict[str, float]:
+        """The compensation norms over the whole run, from the strategy's
+        :class:`~hvd_async.algorithms.base.CompensationSums` (empty where it is None)."""
+        if sums is None:
             return {}
-        return compensation_norms(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
+        return compensation_norms(sums.compensation_sq, sums.grad_sq, sums.pushes)
 
     def staleness_histogram(self, counts, before, epoch: int) -> None:
         """TensorBoard histogram ``staleness`` of the pushes applied during this epoch."""

@@ -97,7 +97,9 @@ def job_sgd(args, params, device):
     guide's "Running on a cluster" has the H100 figures); elsewhere the plain one."""
     import torch
 
-    fused = {"fused": True} if device.type == "cuda" and args.algo == "ssgd" else {}
+    from . import registry
+
+    fused = {"fused": True} if device.type == "cuda" and registry.strategy_class(args.algo).fused_sgd else {}
     return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, **fused)
 
 

@@ -315,7 +315,8 @@ class WorkerLoop:
             entry["batch_sizes"] = self.batch_sizes
             metrics.per_worker("batch_size", self.batch_sizes, epoch)
         if self.uses_servers:  # apply rate, server time per push, compensation norms (dc-asgd, lc-asgd)
-            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats))
+            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats,
+                                        compensation=self.opt.strategy.compensation_sums(self.stats)))
         if staleness.sum() > self.staleness_seen.sum():
             metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
         line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  {args.eval_on} accuracy "
@@ -392,6 +393,7 @@ class WorkerLoop:
             dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
             updates=opt.progress() if self.uses_servers else steps * self.workers)
         record.update(self.host.finish(self))
-        return metrics.finish(self.args.metrics_out, **record, **metrics.compensation(stats))
+        return metrics.finish(self.args.metrics_out, **record,
+                              **metrics.compensation(opt.strategy.compensation_sums(stats)))
 
 

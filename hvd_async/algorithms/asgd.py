@@ -64,6 +64,7 @@ class ASGD(PSStrategy):
     name = "asgd"
     Options = ASGDOptions
     mode = "accumulate"
+    replayable = True
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

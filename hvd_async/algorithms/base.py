@@ -2,7 +2,7 @@
 import abc
 import dataclasses
 from contextlib import contextmanager
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -17,6 +17,15 @@ def parse_options(options_cls, algorithm: str, options: Dict[str, Any]):
     return options_cls(**options)
 
 
+class CompensationSums(NamedTuple):
+    """What a compensating algorithm's servers added up over their applied pushes: ``||compensated
+    step - g||^2``, ``||g||^2`` and the pushes (the metrics' compensation norms)."""
+
+    compensation_sq: float
+    grad_sq: float
+    pushes: int
+
+
 class Strategy(abc.ABC):
     """Drives one worker's side of an algorithm. Built by :class:`hvd_async.DistributedOptimizer`.
 
@@ -27,6 +36,18 @@ class Strategy(abc.ABC):
     name: str = "strategy"
     Options: type = None
     peer_windows = False  # exchanges through one-sided windows among the workers (the simulator's cue)
+    # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the
+    # workers add their changes into the weights) or "mailbox" (the rule runs in the servers' program).
+    mode: str = "accumulate"
+    # The servers set each update's rate (softsync knows how many gradients an aggregate holds; backup-sgd
+    # makes one whole step per update): the pushes carry the optimizer's lr unscaled by a push rate.
+    scales_on_server = False
+    # Each push is one update, applied where it lands, so ``simulate --replay`` can follow the order of a
+    # recorded run.
+    replayable = False
+    # The job may build its SGD with ``fused=True`` on CUDA (ssgd: the fused kernel skips a non-finite
+    # step itself, so nothing is read on the host).
+    fused_sgd = False
     # Steps whose gradients held NaN or infinity and were therefore not applied, counted by the strategy
     # (``self.skipped_nonfinite += 1``): the training job stops after ``--max-nonfinite`` in a row.
     skipped_nonfinite: int = 0
@@ -148,6 +169,11 @@ class Strategy(abc.ABC):
     def stats(self) -> Dict[str, float]:
         """Staleness and exchange statistics for the metrics file."""
         return {"staleness_mean": 0.0, "staleness_max": 0}
+
+    def compensation_sums(self, stats: Dict[str, Any]) -> Optional[CompensationSums]:
+        """The compensation sums in ``stats`` (what :meth:`stats` returned), for an algorithm that
+        compensates stale gradients; None for the others."""
+        return None
 
     def state_dict(self) -> Dict[str, Any]:
         return {"steps": self.steps}

@@ -88,6 +88,7 @@ class DBSASGD(ASGD):
 
     name = "dbs-asgd"
     Options = DBSASGDOptions
+    replayable = False  # the batch sizes follow measured speeds, which a replay does not record
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

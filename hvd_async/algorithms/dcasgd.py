@@ -135,6 +135,7 @@ class DCASGD(MailboxStrategy):
     name = "dc-asgd"
     Options = DCASGDOptions
     compensates = True
+    replayable = True  # one push, one update, applied in the order the mailbox takes them
 
     def payload(self, grad, loss) -> "DCPayload":
         """Adds the whole gradient's 2-norm where the push clip reads it: a server holds one shard's

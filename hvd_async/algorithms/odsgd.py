@@ -251,6 +251,7 @@ class ODSGD(Strategy):
 
     name = "od-sgd"
     Options = ODSGDOptions
+    mode = "mailbox"  # (the window exchange's: the global step runs in the servers' program)
 
     @classmethod
     def uses_servers(cls, options, registered: bool) -> bool:
@@ -294,7 +295,7 @@ class ODSGD(Strategy):
         if options.exchange == "allreduce":
             return super().make_transport(named_parameters, options, comms)
         numel = sum(p.numel() for _, p in named_parameters)
-        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode="mailbox")
+        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode)
 
     @classmethod
     def server_program(cls, host):

@@ -40,7 +40,7 @@ from ..checks import all_finite, norm_if_finite
 from ..horovod_options import compression_name
 from ..rules import SGDRule
 from ..transport import window as W
-from .base import Strategy
+from .base import CompensationSums, Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
@@ -214,13 +214,10 @@ class MailboxStrategy(PSStrategy):
     mode = "mailbox"
     runs_user_optimizer = False  # the rule's SGD runs on the servers
     compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
-    scales_on_server = False  # backup-sgd: the server sets each update's rate (no push_rate option)
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
-        # softsync scales its aggregates on the server (it knows how many gradients each holds)
-        on_server = self.scales_on_server or self.name == "softsync"
-        self._scale = 1.0 if on_server else push_scale(options, transport.size)
+        self._scale = 1.0 if self.scales_on_server else push_scale(options, transport.size)
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:
@@ -274,6 +271,11 @@ class MailboxStrategy(PSStrategy):
             out["compensation_sq_sum"] = sum(row["sums"][0] for row in rows)
             out["grad_sq_sum"] = sum(row["sums"][1] for row in rows)
         return out
+
+    def compensation_sums(self, stats: Dict) -> Optional[CompensationSums]:
+        if not self.compensates:
+            return None
+        return CompensationSums(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
 
 
 

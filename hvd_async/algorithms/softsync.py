@@ -67,6 +67,7 @@ class SoftSync(MailboxStrategy):
 
     name = "softsync"
     Options = SoftSyncOptions
+    scales_on_server = True  # an aggregate's rate is set where it is known how many gradients it holds
 
     def __init__(self, optimizer, named_parameters, transport, options):
         self._resolve_n(options, transport.size)

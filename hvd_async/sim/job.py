@@ -66,7 +66,7 @@ class Cluster:
             options = parse_options(cls.Options, args.algo, algorithm_options(args))
             cls.resolve_options(options, args.workers)  # before the servers open
             server_options = cls.server_options(options)
-            spec = W.WindowSpec(args.algo, getattr(cls, "mode", "accumulate"), numel, args.servers,
+            spec = W.WindowSpec(args.algo, cls.mode, numel, args.servers,
                                 args.workers, server_options)
             self.servers = SimServers(spec, cls.server_program)
         elif self.strategy_cls.peer_windows:
