@@ -153,8 +153,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             algorithms). Tests pass a loopback transport.
         compression, backward_passes_per_step, op, gradient_predivide_factor, num_groups, groups,
             sparse_as_dense, process_set: Horovod's options, with Horovod's defaults and meaning
-            (README, "Drop-in"): where an algorithm gives one no meaning, a value other than the
-            default is refused with the algorithms where it works.
+            (docs/guide.md, "Drop-in for a Horovod script"): where an algorithm gives one no
+            meaning, a value other than the default is refused with the algorithms where it works.
         **options: the algorithm's own keyword options, checked here with errors that say what is
             accepted (``hvd-async algorithms`` and docs/guide.md list them).
 
