@@ -6,7 +6,8 @@ import torch
 
 from ..checks import is_int_at_least
 from ..transport import window as W
-from .ps import PUSH_RATE_HELP, PUSH_RATES, PSStrategy, check_lookahead, check_push_rate, push_scale
+from .ps import (PUSH_RATE_HELP, PUSH_RATES, AccumulateProgram, PSStrategy, check_lookahead, check_push_rate,
+                 push_scale)
 from ..options import option
 
 WORKER_LOOKAHEAD_HELP = ("on the workers (asgd, dbs-asgd): after each pull, carry the weights on by momentum x "
@@ -136,8 +137,3 @@ class ASGD(PSStrategy):
 def _momentum(group) -> float:
     """A parameter group's SGD momentum (0 for optimizers without one, e.g. Adam)."""
     return float(group.get("momentum", 0.0) or 0.0)
-
-
-class AccumulateProgram(W.ServerProgram):
-    """asgd's servers do no arithmetic: the accumulates land by themselves; the loop keeps MPI moving."""
-

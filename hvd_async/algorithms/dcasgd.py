@@ -3,29 +3,22 @@
 look-ahead weights (``lookahead``)."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..checks import is_finite_number
 from ..horovod_options import compression_name
 from ..options import option
 from ..rules import DCRule
 from ..rules.dc import SCRATCH_KEYS, scratch
 from ..transport import window as W
+from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
+                           MS_MOMENTUM_HELP, PUSH_CLIP_HELP, PushClip, check_compensation_numbers, check_push_clip)
 from .flat import tensors_copy
 from .payload import SGDPayload
 from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram,
                  MailboxStrategy, check_lookahead, check_push_rate)
 
-LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
-ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
-# dc-asgd's compensation defaults; lc-asgd's too (its docstring)
-LAM_DEFAULT, ADAPTIVE_DEFAULT, MS_MOMENTUM_DEFAULT = 2.0, True, 0.95
-MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
-PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm (the whole gradient's, every shard "
-                  "alike) exceeds this factor times the running mean of the pushes' gradient norms (decay 0.9), "
-                  "to that bound: a push out of line with the others cannot throw the weights off (0: never)")
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
                    "look-ahead's one push from each other worker: a straggler's; every push without the "
@@ -52,46 +45,10 @@ class DCASGDOptions:
         if self.compensate not in COMPENSATE:
             raise ValueError(f"compensate must be 'uncovered' (the pushes delayed beyond what the look-ahead "
                              f"covers) or 'always' (every push), got {self.compensate!r}")
-        _check_dc_numbers(self.lam, self.ms_momentum)
+        check_compensation_numbers(self.lam, self.ms_momentum)
         DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
-
-
-
-def check_push_clip(value) -> None:
-    if not (is_finite_number(value) and (value == 0 or value >= 1)):
-        raise ValueError(f"push_clip must be 0 (never clip) or a factor >= 1 of the running mean gradient "
-                         f"norm, got {value!r}")
-
-
-class PushClip:
-    """Scales down a push whose gradient norm exceeds ``factor`` times the running mean of the pushes'
-    gradient norms, to that bound. The norm is the whole gradient's (the worker sends it with the push),
-    so every shard keeps the same mean and scales its slice by the same factor: the applied step stays
-    parallel to the gradient with any number of servers. The mean decays by 0.9 a push and takes each norm
-    as kept (clipped), so one push far out of line moves the bound little."""
-
-    DECAY = 0.9
-
-    def __init__(self, factor: float):
-        self.factor, self.mean = float(factor), None
-
-    def scale(self, norm: float) -> float:
-        """The factor this push's step is multiplied by (1.0: kept as it is); updates the mean."""
-        bound = None if self.mean is None else self.factor * self.mean
-        clipped = bound is not None and norm > bound
-        kept = bound if clipped else norm
-        self.mean = kept if self.mean is None else self.DECAY * self.mean + (1.0 - self.DECAY) * kept
-        return bound / norm if clipped else 1.0
-
-
-def _check_dc_numbers(lam, ms_momentum) -> None:
-    """dc-asgd's and lc-asgd's numbers, as finite numbers in range (the rule checks the rest)."""
-    if not (is_finite_number(lam) and lam >= 0):
-        raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
-    if not (is_finite_number(ms_momentum) and 0 <= ms_momentum < 1):
-        raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
 
 
 
@@ -102,9 +59,8 @@ class DCASGD(MailboxStrategy):
         lam: compensation strength (default 2.0, the paper's lam0 for DC-ASGD-a; 0 gives asgd's
             update).
         adaptive: DC-ASGD-a, ``lam / sqrt(MS + 1e-7)`` with a running mean square of gradients
-            (default True: a constant lam of 0.04, the default before, left the term numerically
-            inert at the averaged rate; the adaptive lam 2 adds 2 to 11 % of the gradient's norm on
-            digits, ``compensation_relative`` in benchmarks/results/convergence.json).
+            (default True: a small constant lam leaves the term negligible beside the gradient at
+            the averaged rate; the adaptive form scales it to the gradients' size).
         ms_momentum: decay of that mean square (default 0.95).
         compression: ``hvd.Compression.fp16`` (or ``'fp16'``) sends the gradient and receives the
             weights in half precision, half the bytes; the servers keep and update fp32 weights.
@@ -121,15 +77,11 @@ class DCASGD(MailboxStrategy):
             straggler's, or one that waited on a busy machine; without the look-ahead, every push).
             In a round robin the look-ahead leaves only the other workers' new gradients between the
             point a gradient was computed at and the weights it lands on, which ``g * g`` does not
-            predict. Measured at c1ab8c1, 5 seeds (``convergence_dc_compensate.json``,
-            ``convergence_cnn8_dc_always.json``): ``'uncovered'`` passes the 4-worker and straggler
-            cells as ``'always'`` does, and at 8 workers neither passes (0.919 and 0.926, target
-            0.932): no gain to make it the default.
+            predict; the guide's convergence section compares the two settings.
         push_clip: a push whose gradient norm exceeds ``push_clip`` times the running mean of the
             pushes' gradient norms on the shard (decay 0.9) is scaled down to that bound (default
-            1.5; 0: never, the behaviour before). At 8 workers the real push orders, replayed in the
-            simulator, showed single seeds falling apart mid-training under the same code that
-            trains on the simulator's orders; the guide's grid section gives the records.
+            1.5; 0: never): one push far out of line with the others (a real push order can hold
+            such bursts) cannot throw the weights off.
     """
 
     name = "dc-asgd"
@@ -156,32 +108,28 @@ class DCPayload(SGDPayload):
 
 
 
-def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
-    """``||step - grad||^2``, through a scratch tensor of ``state``'s (no temporary: see
-    DCRule.compensated)."""
-    diff, = scratch(state, grad, 1, key="scratch_diff")
-    return float(torch.sub(step, grad, out=diff).norm()) ** 2
-
-
 class DCProgram(MailboxProgram):
     """dc-asgd's server side: each push compensated, through its worker's momentum buffer, answered with
     the look-ahead weights; built from dc-asgd's options."""
 
     uses_grad_norm = True  # (the workers' stats and the push clip read it)
     Payload = DCPayload
+    # the rule's state a checkpoint leaves out: the backups are the outbox slots (saved by the host), the
+    # scratch tensors are rebuilt at the first push
+    unsaved_state = ("backup",) + SCRATCH_KEYS
 
-    def __init__(self, host, options: DCASGDOptions):
+    def __init__(self, host, options, rule=None, compensate: Optional[str] = None):
+        """``rule`` and ``compensate``: a program that extends this one passes its own (lc-asgd's rule,
+        which compensates every push); by default dc-asgd's, from ``options``."""
         super().__init__(host)
-        rule = DCRule(options.lam, adaptive=options.adaptive, ms_momentum=options.ms_momentum)
-        self.setup(rule, options.lookahead, options.compensate, options.push_clip)
-
-    def setup(self, rule, lookahead: bool, compensate: str = "always", push_clip: float = 0.0) -> None:
-        self.rule, self.compensate = rule, compensate
-        self.push_clip = PushClip(push_clip) if push_clip else None
+        if rule is None:
+            rule = DCRule(options.lam, adaptive=options.adaptive, ms_momentum=options.ms_momentum)
+        self.rule, self.compensate = rule, options.compensate if compensate is None else compensate
+        self.push_clip = PushClip(options.push_clip) if options.push_clip else None
         self.state = rule.init(self.host.weights)
         self.state["backup"] = self.host.outbox  # what each worker received: with the look-ahead, that point
         self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
-        self.lookahead = Lookahead(self.host.weights) if lookahead else None
+        self.lookahead = Lookahead(self.host.weights) if options.lookahead else None
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         """The rule's compensated step; under ``compensate='uncovered'`` only for a push applied later
@@ -212,9 +160,7 @@ class DCProgram(MailboxProgram):
         buffers in the look-ahead's sum) will have carried the weights when this push lands: one push
         from each of them later, so ``held + (their number)``, capped at now. What is left between that
         point and the weights the push lands on is the other workers' new gradients, which the
-        compensation's ``g * g`` curvature does not predict (it cost dc-asgd 2.5 points at 8 workers:
-        ``convergence_cnn8_dc_default.json`` against ``convergence_cnn8_lam0.json``); a straggler's
-        extra rounds go beyond it."""
+        compensation's ``g * g`` curvature does not predict; a straggler's extra rounds go beyond it."""
         held = self.held[worker]
         if not self.looks_ahead(payload.sgd_kwargs()):
             return held
@@ -228,10 +174,9 @@ class DCProgram(MailboxProgram):
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        rule_state = {k: v for k, v in self.state.items() if k not in ("backup", "predictors") + SCRATCH_KEYS}
-        predictors = {int(m): p.state_dict() for m, p in self.state.get("predictors", {}).items()}
+        rule_state = {k: v for k, v in self.state.items() if k not in self.unsaved_state}
         state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(rule_state),
-                     predictors=predictors, push_clip_mean=self.push_clip.mean if self.push_clip else None)
+                     push_clip_mean=self.push_clip.mean if self.push_clip else None)
         return state
 
     def load_state_dict(self, state: Dict) -> None:
@@ -242,11 +187,6 @@ class DCProgram(MailboxProgram):
         if self.lookahead is not None:
             self.lookahead.rebuild(self.momentum)
         self.state.update(tensors_copy(state["rule"]))
-        if "predictors" in self.state:
-            self.state["predictors"] = {}
-            for worker, saved in state["predictors"].items():
-                predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
-                predictor.load_state_dict(saved)
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         staleness = self.staleness(worker)

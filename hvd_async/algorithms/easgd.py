@@ -59,9 +59,8 @@ from ..options import option
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window as W
 from .base import Strategy
-from .asgd import AccumulateProgram
 from .flat import FlatModel, local_step_if_finite
-from .ps import load_server_state_dict, server_state_dict
+from .ps import AccumulateProgram, load_server_state_dict, server_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +93,8 @@ class EASGD(Strategy):
     """easgd: local steps, and every ``tau`` steps an elastic move between the worker and the centre.
 
     Options:
-        tau: local steps between elastic moves (default 1; 4 before, which ended 4 points under
-            ssgd at 8 workers: see the guide's convergence section).
+        tau: local steps between elastic moves (default 1: larger values let the workers drift
+            from the centre, which costs accuracy with many workers; the guide's convergence section).
         alpha: moving rate in (0, 1) (default 0.9 / workers).
         rho: elastic coefficient instead of alpha: ``alpha = lr * rho``.
         synchronous: all workers move together against one centre (default False).

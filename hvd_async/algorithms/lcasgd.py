@@ -10,9 +10,11 @@ from ..horovod_options import compression_name
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .dcasgd import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP,
-                     PUSH_CLIP_HELP, DCASGD, DCPayload, _check_dc_numbers, DCProgram, check_push_clip, distance_sq)
-from .ps import LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, MailboxProgram, check_lookahead, check_push_rate
+from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
+                           MS_MOMENTUM_HELP, PUSH_CLIP_HELP, check_compensation_numbers, check_push_clip, distance_sq)
+from .dcasgd import DCASGD, DCPayload, DCProgram
+from .flat import tensors_copy
+from .ps import LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, check_lookahead, check_push_rate
 
 
 @dataclass
@@ -41,7 +43,7 @@ class LCASGDOptions:
         check_push_rate(self.push_rate)
         check_lookahead(self.lookahead)
         check_push_clip(self.push_clip)
-        _check_dc_numbers(self.lam, self.ms_momentum)
+        check_compensation_numbers(self.lam, self.ms_momentum)
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
             unknown = sorted(set(self.predictor_options) - set(accepted) - {"floor", "min_history"})
@@ -74,9 +76,7 @@ class LCASGD(DCASGD):
     ``opt.step(closure)``); the servers keep each worker's loss history and predictor.
 
     Options: dc-asgd's ``lam`` (0: no DC term), ``adaptive``, ``ms_momentum``, with dc-asgd's
-    defaults (lam 2, adaptive; a constant 0.04 before, numerically inert: ten real 8-worker runs end
-    at 0.939 on average and their orders replayed with the old term at 0.932,
-    ``replay_study_lc_adaptive.json``; ``convergence_lc_dc_defaults.json`` has every setting);
+    defaults (lam 2, adaptive: a small constant lam leaves the term negligible);
     ``loss_term`` (False: exactly dc-asgd), ``predictor`` (``"linear"``: a weighted fit of log-loss against
     version; ``"mlp"``: a tiny network trained online), ``predictor_options``, ``floor`` (the loss's
     lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4);
@@ -113,9 +113,22 @@ class LCProgram(DCProgram):
 
     Payload = LCPayload
 
+    unsaved_state = DCProgram.unsaved_state + ("predictors",)  # saved apart, each its own state_dict
+
     def __init__(self, host, options: LCASGDOptions):
-        MailboxProgram.__init__(self, host)
-        self.setup(LCRule(**options.rule_options()), options.lookahead, push_clip=options.push_clip)
+        super().__init__(host, options, rule=LCRule(**options.rule_options()), compensate="always")
+
+    def state_dict(self) -> Dict:
+        state = super().state_dict()
+        state["predictors"] = {int(m): p.state_dict() for m, p in self.state["predictors"].items()}
+        return state
+
+    def load_state_dict(self, state: Dict) -> None:
+        super().load_state_dict(state)
+        self.state["predictors"] = {}
+        for worker, saved in state["predictors"].items():
+            predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
+            predictor.load_state_dict(saved)
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         loss, version = payload.loss, self.computed_at(worker, payload)

@@ -1,9 +1,11 @@
 """The parameter-server family's shared worker and server sides: the strategy base (flat model, push,
 staleness counts, state_dict), the mailbox strategy base (the rule runs on the servers), the push
-rate, the SGD hyperparameters a push carries, and the mailbox server program's base (snapshots,
+rate, the accumulate-mode server program, and the mailbox server program's base (snapshots,
 idle/resume, the servers' non-finite check). Each algorithm, its options and its server program are
 in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py, backup.py (dbs.py builds on
-asgd); the servers' look-ahead is lookahead.py.
+asgd). The family's other public pieces: what a push carries (payload.py), the servers' look-ahead
+(lookahead.py), what dc-asgd and lc-asgd share (compensation.py). A member imports only these public
+names, never another member's private ones.
 
 Each worker keeps its model's parameters as views into one flat fp32 buffer (or, for parameters
 that are not CPU float32, copies through one), and exchanges that buffer with the server shards
@@ -21,7 +23,7 @@ Where optimizer state lives:
   server shards; the wrapped optimizer's own ``state`` stays empty. dc-asgd keeps one momentum
   buffer per worker (what asgd keeps on each worker, so that dc-asgd with ``lam=0`` is asgd; one
   buffer shared by all pushes, as MXNet's DCASGD has, adds the implicit momentum of asynchrony to
-  the explicit one and diverged on digits at momentum 0.9); softsync keeps one per worker as well
+  the explicit one, too much momentum at 0.9); softsync keeps one per worker as well
   (an aggregate is the mean of the workers' momentum directions; ``momentum='shared'`` keeps one
   buffer for every aggregate). dc-asgd's backups ``w_bak(m)`` are the server's
   per-worker outbox slots: exactly what worker m received.
@@ -276,6 +278,12 @@ class MailboxStrategy(PSStrategy):
         if not self.compensates:
             return None
         return CompensationSums(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
+
+
+
+class AccumulateProgram(W.ServerProgram):
+    """The servers' program in accumulate mode (asgd, dbs-asgd, easgd's centre): no arithmetic, the
+    workers' accumulates land by themselves; the servers' loop keeps MPI moving."""
 
 
 

@@ -145,7 +145,7 @@ class _Host:  # what a server program reads and calls on its shard, in memory
 
 
 def test_push_clip_bounds_a_push_out_of_line_and_barely_moves_its_mean():
-    from hvd_async.algorithms.dcasgd import PushClip
+    from hvd_async.algorithms.compensation import PushClip
 
     clip = PushClip(1.5)
     assert clip.scale(2.0) == 1.0 and clip.mean == 2.0  # the first push sets the mean, never clipped
