@@ -32,12 +32,13 @@ Every failure (unknown name, missing or malformed files, bad sizes) raises
 :class:`DataError` with one line that says what was wrong and what to do.
 """
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from .checks import is_int_at_least
+from .splits import CIFAR10_FOLDER, DataError, DataSplits  # noqa: F401  (this module's names too)
 
 DATASETS = ("digits", "fashion-mnist", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
 EVAL_SPLITS = ("test", "val")  # what a job scores (for_evaluation)
@@ -64,27 +65,12 @@ SYNTHETIC_NOISE = 3.0
 TEACHER_SIDE, TEACHER_HIDDEN, TEACHER_SEED, TEACHER_SCALE = 16, 32, 20, 0.25
 TEACHER_TRAIN, TEACHER_TEST = 24_000, 4_000
 
-CIFAR10_FOLDER = "cifar-10-batches-py"
-
 _NEEDS = {  # what each dataset read from files needs in --data-dir
     "mnist": "a folder with the MNIST files (train-images-idx3-ubyte, ...)",
     "cifar10": f"a folder holding {CIFAR10_FOLDER}/ (data_batch_1, ..., test_batch, batches.meta)",
     "imagenet": "an ImageNet-style folder with train/<class>/ and val/<class>/ image folders",
 }
 FILE_DATASETS = tuple(_NEEDS)
-
-
-class DataError(ValueError):
-    """Bad dataset name or a data directory that is missing or malformed; the message says what to do."""
-
-
-class DataSplits(NamedTuple):
-    """The training and the scored split (``test``: the test split, or after
-    ``for_evaluation(..., "val")`` the validation split)."""
-    train: Dataset
-    test: Dataset
-    num_classes: int
-    input_shape: Tuple[int, int, int]  # (channels, height, width) of one sample
 
 
 def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0,
@@ -167,8 +153,8 @@ def for_evaluation(splits: DataSplits, name: str, on: str) -> DataSplits:
 def load_dataset_on(comm, name: str, data_dir: Optional[str] = None, *, seed: int = 0,
                     image_size: Optional[int] = None) -> DataSplits:
     """:func:`load_dataset` on every rank of the communicator ``comm`` (an mpi4py one). digits is read
-    on rank 0 and broadcast (0.5 MB, where each rank would otherwise import scikit-learn: about a
-    second of CPU each); the others are made (synthetic) or opened (the files) on every rank. A
+    on rank 0 and broadcast (a small tensor, where each rank would otherwise import scikit-learn, slow
+    to import); the others are made (synthetic) or opened (the files) on every rank. A
     DataError is raised on every rank alike."""
     if name != "digits" or comm.size == 1:
         return load_dataset(name, data_dir, seed=seed, image_size=image_size)

@@ -20,7 +20,7 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import extract_archive
 
 from .checks import brief_error
-from .data import CIFAR10_FOLDER, DataError, DataSplits
+from .splits import CIFAR10_FOLDER, DataError, DataSplits
 
 MNIST_FILES = {
     True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -97,7 +97,8 @@ def fashion_mnist(folder: str, image_size: Optional[int]) -> DataSplits:
     if image_size is not None:
         return splits
     # At 28x28 the whole split goes through ToTensor's scaling and Normalize at once: each image
-    # through PIL took about as long as LeNet's step on it (188 MB of float32 per rank for training).
+    # through PIL would cost about as much as the model's step on it (at the price of the split held
+    # as float32 in every rank's memory).
     return splits._replace(train=_normalized(splits.train, FASHION_MNIST_MEAN, FASHION_MNIST_STD),
                            test=_normalized(splits.test, FASHION_MNIST_MEAN, FASHION_MNIST_STD))
 

@@ -1,0 +1,20 @@
+"""What every dataset loader returns and raises (:mod:`hvd_async.data` and the image-file readers of
+:mod:`hvd_async.image_files`, which both import it: neither imports the other's names)."""
+from typing import NamedTuple, Tuple
+
+from torch.utils.data import Dataset
+
+CIFAR10_FOLDER = "cifar-10-batches-py"
+
+
+class DataError(ValueError):
+    """Bad dataset name or a data directory that is missing or malformed; the message says what to do."""
+
+
+class DataSplits(NamedTuple):
+    """The training and the scored split (``test``: the test split, or after
+    ``for_evaluation(..., "val")`` the validation split)."""
+    train: Dataset
+    test: Dataset
+    num_classes: int
+    input_shape: Tuple[int, int, int]  # (channels, height, width) of one sample
