@@ -36,10 +36,11 @@ import sys
 import time
 
 from common import HERE, apply_quick, pyplot, quick_help, train_job, write_record
+from hvd_async import registry
 
 ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd",
               "backup-sgd")
-SERVERLESS = ("ssgd", "hpsgd", "gossip")  # everything else gets one server rank on top of the workers
+SERVERLESS = registry.serverless()  # everything else gets one server rank on top of the workers
 FMNIST = ["--dataset", "fashion-mnist"]  # its defaults (lenet, lr 0.02) chosen for ssgd on the validation split
 SETTINGS = {  # name -> (model, workers, more flags (data, straggler), seeds used by default)
     "mlp-4": ("mlp", 4, [], 5),

@@ -86,7 +86,7 @@ def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, s
     flag's default is None and the help lists each algorithm's)."""
     by_flag: Dict[str, List[Tuple[str, type, dataclasses.Field, Flag]]] = {}
     for name, cls in strategies.items():
-        options_cls = getattr(cls, "Options", None)
+        options_cls = cls.Options  # (a Strategy's: None where it takes no options)
         for field, how in declared(options_cls):
             if how.flag is not None:
                 by_flag.setdefault(how.flag, []).append((name, options_cls, field, how))

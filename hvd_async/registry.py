@@ -23,6 +23,8 @@ class AlgorithmInfo:
             ``servers`` of the training job is 1 for these and 0 for the others).
         strategy: ``"module:Class"`` of its strategy, or the class itself (a plugin's).
         plugin: where a plugin algorithm came from (None for the built-in ones).
+        synchronous: every update waits for the workers it takes (ssgd, hpsgd's rounds, backup-sgd's
+            steps); False for the asynchronous family, which the stress tests exercise.
     """
 
     name: str
@@ -31,12 +33,13 @@ class AlgorithmInfo:
     uses_servers: bool
     strategy: Union[str, type]
     plugin: Optional[str] = None
+    synchronous: bool = False
 
 
 _ROWS = (
     AlgorithmInfo("ssgd", "synchronous SGD: Horovod allreduce of gradients every step (the baseline)",
                   "Sergeev & Del Balso, Horovod, arXiv 1802.05799", False,
-                  "hvd_async.algorithms.ssgd:SSGD"),
+                  "hvd_async.algorithms.ssgd:SSGD", synchronous=True),
     AlgorithmInfo("asgd", "asynchronous SGD on a parameter server held in MPI windows",
                   "Dean et al., NIPS 2012 (Downpour)", True, "hvd_async.algorithms.asgd:ASGD"),
     AlgorithmInfo("dc-asgd", "ASGD with delay compensation lam * g * g * (w - w_bak)",
@@ -46,20 +49,21 @@ _ROWS = (
     AlgorithmInfo("od-sgd", "one-step delay SGD: global step on the server, local compensating step",
                   "Xu et al., arXiv 2005.06728", True, "hvd_async.algorithms.odsgd:ODSGD"),
     AlgorithmInfo("hpsgd", "hierarchical parallel SGD: exchange overlapped with local training",
-                  "Zhou et al., arXiv 2009.02701", False, "hvd_async.algorithms.hpsgd:HPSGD"),
+                  "Zhou et al., arXiv 2009.02701", False, "hvd_async.algorithms.hpsgd:HPSGD", synchronous=True),
     AlgorithmInfo("gossip", "gossip aggregation with a random peer through MPI windows",
                   "Jin, Yuan, Iandola, Keutzer, arXiv 1611.04581", False,
                   "hvd_async.algorithms.gossip:Gossip"),
     AlgorithmInfo("easgd", "elastic averaging SGD with the centre variable on the server",
                   "Zhang, Choromanska, LeCun, NIPS 2015", True, "hvd_async.algorithms.easgd:EASGD"),
-    AlgorithmInfo("softsync", "n-softsync: apply after floor(N/n) gradients, rate divided by staleness",
+    AlgorithmInfo("softsync", "n-softsync: apply the mean of every floor(N/n) gradients (rate / staleness: "
+                  "--softsync-staleness-lr)",
                   "Zhang, Gupta et al., IJCAI 2016", True,
                   "hvd_async.algorithms.softsync:SoftSync"),
     AlgorithmInfo("dbs-asgd", "ASGD with batch sizes set by each worker's measured speed",
                   "Ji et al., 2019", True, "hvd_async.algorithms.dbs:DBSASGD"),
     AlgorithmInfo("backup-sgd", "synchronous SGD with backup workers: each step the first N-b gradients, "
                   "the b late ones dropped", "Chen et al., arXiv 1604.00981 (2016)", True,
-                  "hvd_async.algorithms.backup:BackupSGD"),
+                  "hvd_async.algorithms.backup:BackupSGD", synchronous=True),
 )
 
 ALGORITHMS: Dict[str, AlgorithmInfo] = {row.name: row for row in _ROWS}
@@ -96,7 +100,7 @@ def register(name: str, strategy: type, *, summary: str, paper: str = "", uses_s
     if not (isinstance(strategy, type) and issubclass(strategy, Strategy)):
         raise TypeError(f"register({name!r}, ...): strategy must be a subclass of "
                         f"hvd_async.algorithms.base.Strategy, got {strategy!r}")
-    if getattr(strategy, "Options", None) is None:
+    if strategy.Options is None:
         raise TypeError(f"register({name!r}, ...): {strategy.__name__} needs an Options dataclass "
                         f"(an empty one where it takes no options)")
     old = ALGORITHMS.get(name)
@@ -105,9 +109,9 @@ def register(name: str, strategy: type, *, summary: str, paper: str = "", uses_s
             raise ValueError(f"algorithm {name!r} is taken ({'built in' if old.plugin is None else old.plugin}); "
                              f"register yours under another name")
     strategy.name = name
-    module = sys.modules.get(getattr(strategy, "__module__", ""))
+    module = sys.modules.get(strategy.__module__)
     row = AlgorithmInfo(name, summary, paper, bool(uses_servers), strategy,
-                        plugin=getattr(module, "__file__", None) or getattr(strategy, "__module__", "?"))
+                        plugin=getattr(module, "__file__", None) or strategy.__module__)
     ALGORITHMS[name] = row
     return row
 
@@ -177,6 +181,16 @@ def uses_servers(name: str, options: Dict) -> bool:
     """Whether ``name`` with these keyword options needs server ranks (the strategy's hook decides,
     from what the algorithm was registered with)."""
     return strategy_class(name).uses_servers(options, get(name).uses_servers)
+
+
+def serverless() -> Tuple[str, ...]:
+    """The algorithms that keep no weights on server ranks, in the registry's order."""
+    return tuple(name for name in names() if not get(name).uses_servers)
+
+
+def asynchronous() -> Tuple[str, ...]:
+    """The algorithms whose updates wait for no other worker, in the registry's order."""
+    return tuple(name for name in names() if not get(name).synchronous)
 
 
 def strategies() -> Dict[str, type]:

@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
+from hvd_async import registry
 from procs import mpirun
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import faults  # noqa: E402  (benchmarks/faults.py: the matrix's cell runner)
 
-SERVERLESS = ("ssgd", "hpsgd", "gossip")
+SERVERLESS = registry.serverless()
 
 
 @pytest.mark.parametrize("algo,fault,shm", [
@@ -29,8 +30,7 @@ def test_one_worker_leaving_ends_the_job(algo, fault, shm):
     assert cell["seconds_after_fault"] <= 30, cell
 
 
-@pytest.mark.parametrize("algo", ["ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd",
-                                  "hpsgd", "gossip", "easgd", "backup-sgd"])
+@pytest.mark.parametrize("algo", registry.NAMES)
 def test_a_frozen_layer_stays_bit_for_bit(algo):
     """torch.optim.SGD with momentum and weight decay over a model whose first layer does not require
     grad: that layer is neither stepped nor exchanged (as under torch and Horovod); the head trains."""
@@ -43,5 +43,5 @@ def test_a_frozen_layer_stays_bit_for_bit(algo):
     for line in lines:
         assert "frozen_same=True" in line and "head_moved=True" in line, line
         # opt.state_dict() alone would not resume the servers' state: said once, where there is any
-        warned = algo in ("dc-asgd", "lc-asgd", "softsync", "od-sgd", "backup-sgd")
+        warned = not registry.strategy_class(algo).runs_user_optimizer  # its rule's state is on the servers
         assert f"state_warnings={int(warned)}" in line, line

@@ -26,12 +26,13 @@ import time
 
 import pytest
 
+from hvd_async import registry
 from procs import NO_SHM, mpirun, python, run
 
 pytestmark = pytest.mark.stress
 
-ALGORITHMS = ("asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "easgd", "gossip")
-NO_SERVER = ("gossip",)  # od-sgd: with servers (window exchange) or without (allreduce)
+ALGORITHMS = registry.asynchronous()
+NO_SERVER = registry.serverless()  # od-sgd: with servers (window exchange) or without (allreduce)
 RUNS = int(os.environ.get("STRESS_RUNS", "4"))
 # CI's short run is the same every time (seed 3: four different algorithms, each with two workers or more
 # algorithms); a long run by hand draws a fresh seed unless given one.

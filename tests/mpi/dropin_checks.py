@@ -18,8 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import check, main  # noqa: E402
 
 import hvd_async as ha  # noqa: E402
+from hvd_async import registry  # noqa: E402
 
-SERVER_ALGOS = ("asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "easgd", "backup-sgd")
+SERVER_ALGOS = tuple(name for name in registry.NAMES if name not in registry.serverless())
 OPTIONS = {"hpsgd": {"window": 2}, "gossip": {"variant": "pull"}, "dbs-asgd": {"batch_size": 8},
            "backup-sgd": {"backups": 0}}  # (no push dropped by timing: every worker's rows train in sparse_embeddings)
 # the optimizers torch ships that a worker-side algorithm runs as they are (and Horovod broadcasts)
@@ -35,7 +36,7 @@ LOCAL_OPTIMIZERS = {
 def algorithms():
     """With servers, a parameter-server algorithm first: a job whose servers no optimizer has used refuses
     one without servers (they would sit idle)."""
-    return SERVER_ALGOS + ("ssgd", "hpsgd", "gossip") if ha.num_servers() else ("ssgd", "hpsgd", "gossip")
+    return SERVER_ALGOS + registry.serverless() if ha.num_servers() else registry.serverless()
 
 
 def runs_any_optimizer(algorithm):

@@ -1,0 +1,237 @@
+"""The package's contracts, read from its source with ``ast`` (issue 44): an algorithm is never decided
+by its name outside the registry, nor its capabilities by ``getattr`` on a strategy; algorithm modules
+share only public names; and no two modules import each other, directly or around a loop (imports
+inside functions count: a lazy import is still a dependency).
+
+Each rule's checker is also run on a planted violation, so that a checker that finds nothing because
+it looks at nothing fails here."""
+import ast
+import glob
+import os
+
+import pytest
+
+from hvd_async import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "hvd_async")
+# Module -> the lists of algorithm names it still holds, with who is to derive them; may only shrink.
+NAME_LISTS_LEFT = {
+    "hvd_async.sim.options": "REPLAYABLE: the simulator's owner is to read Strategy.replayable instead "
+                             "(test_replayable_list_agrees_with_the_strategies keeps the two equal meanwhile)",
+}
+
+
+def _sources():
+    """``(dotted module name, is a package's __init__, source)`` of every module of the package."""
+    for path in sorted(glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True)):
+        rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+        init = rel[-1] == "__init__"
+        with open(path) as f:
+            yield ".".join(rel[:-1] if init else rel), init, f.read()
+
+
+MODULES = {name: (init, text) for name, init, text in _sources()}
+NAMES = set(registry.NAMES)
+
+
+# --- algorithm names ------------------------------------------------------------------------------
+
+def _names_in(node) -> set:
+    """The algorithm names a constant or a literal collection of constants holds."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_names_in(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def name_comparisons(source: str) -> list:
+    """``line: names`` of every comparison with an algorithm's name (``x == "softsync"``, ``x in
+    ("asgd", "dc-asgd")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            names = set().union(*(_names_in(operand) for operand in [node.left, *node.comparators]))
+            if names:
+                found.append(f"{node.lineno}: {sorted(names)}")
+    return found
+
+
+def name_lists(source: str) -> list:
+    """``line: names`` of every literal collection naming two algorithms or more."""
+    return [f"{node.lineno}: {sorted(_names_in(node))}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(_names_in(node)) >= 2]
+
+
+def test_no_algorithm_name_comparison_outside_the_registry():
+    found = {name: hits for name, (_, text) in MODULES.items() if name != "hvd_async.registry"
+             for hits in [name_comparisons(text)] if hits}
+    assert not found, (f"an algorithm decided by its name: {found}; give Strategy a hook with a default "
+                       f"(hvd_async/algorithms/base.py) and override it in the algorithm")
+
+
+def test_no_list_of_algorithm_names_outside_the_registry():
+    found = {name: hits for name, (_, text) in MODULES.items() if name != "hvd_async.registry"
+             for hits in [name_lists(text)] if hits}
+    assert set(found) <= set(NAME_LISTS_LEFT), (f"lists of algorithm names: "
+                                                f"{ {k: v for k, v in found.items() if k not in NAME_LISTS_LEFT} }; "
+                                                f"derive them from hvd_async.registry")
+    assert set(NAME_LISTS_LEFT) <= set(found), f"derived now: drop {sorted(set(NAME_LISTS_LEFT) - set(found))}"
+
+
+def test_replayable_list_agrees_with_the_strategies():
+    from hvd_async.sim.options import REPLAYABLE
+
+    assert set(REPLAYABLE) == {name for name in registry.NAMES if registry.strategy_class(name).replayable}
+
+
+# --- getattr for contracts ------------------------------------------------------------------------
+
+def _is_strategy(node) -> bool:
+    """``strategy``, ``cls``, ``x.strategy`` (what a getattr probes a contract on)."""
+    if isinstance(node, ast.Name):
+        return node.id in ("strategy", "cls", "strategy_cls")
+    return isinstance(node, ast.Attribute) and node.attr in ("strategy", "strategy_cls")
+
+
+def contract_getattrs(source: str) -> list:
+    """``line: getattr(...)`` probing an attribute of a strategy (or of a class method's ``cls``) with
+    a default: a contract nobody declared."""
+    return [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+            and node.args and _is_strategy(node.args[0])]
+
+
+def test_no_getattr_on_a_strategy():
+    found = {name: hits for name, (_, text) in MODULES.items() for hits in [contract_getattrs(text)] if hits}
+    assert not found, f"contracts probed with getattr: {found}; declare them on Strategy with a default"
+
+
+# --- private names of algorithm modules -----------------------------------------------------------
+
+def _resolve(module: str, init: bool, level: int, target) -> str:
+    """The dotted name of ``from <level dots><target> import ...`` in ``module``."""
+    if level == 0:
+        return target or ""
+    parts = module.split(".") if init else module.split(".")[:-1]
+    parts = parts[:len(parts) - (level - 1)]
+    return ".".join(parts + ([target] if target else []))
+
+
+def imports(module: str, init: bool, source: str, known=None):
+    """``(line, imported module, names)`` of every import in ``source``, in functions too; ``from
+    pkg import sub`` of a submodule (one of ``known``, default: the package's) yields ``pkg.sub``."""
+    known = MODULES if known is None else known
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, init, node.level, node.module)
+            names = [alias.name for alias in node.names]
+            subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
+            for sub in subs:
+                yield node.lineno, sub, ()
+            rest = [n for n in names if f"{base}.{n}" not in known]
+            if rest or not subs:
+                yield node.lineno, base, tuple(rest)
+
+
+def algorithm_modules() -> set:
+    return {registry.strategy_class(name).__module__ for name in registry.NAMES}
+
+
+def private_imports(module: str, init: bool, source: str, algorithms: set) -> list:
+    """``line: module.name`` of every underscore name imported from another algorithm's module."""
+    return [f"{line}: {target}.{name}" for line, target, names in imports(module, init, source)
+            if target in algorithms and target != module for name in names if name.startswith("_")]
+
+
+def test_no_import_of_another_algorithms_private_name():
+    algorithms = algorithm_modules()
+    found = {name: hits for name, (init, text) in MODULES.items()
+             for hits in [private_imports(name, init, text, algorithms)] if hits}
+    assert not found, (f"private names of another algorithm's module imported: {found}; move what is shared "
+                       f"into the family's public modules (algorithms/ps.py, payload.py, options)")
+
+
+# --- import cycles --------------------------------------------------------------------------------
+
+def import_graph(modules) -> dict:
+    graph = {name: set() for name in modules}
+    for name, (init, text) in modules.items():
+        for _, target, _ in imports(name, init, text, modules):
+            if target in modules and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_in_the_package():
+    # a package's __init__ re-exporting its modules is not a dependency of theirs: leave the edges
+    # from an __init__ to its own submodules out (they are the package's face, not a loop)
+    graph = import_graph(MODULES)
+    for name, (init, _) in MODULES.items():
+        if init:
+            graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    found = cycles(graph)
+    assert not found, f"modules that import each other (directly or around a loop): {found}"
+
+
+# --- the checkers find what they look for ---------------------------------------------------------
+
+PLANTED = {
+    "comparison": ('def f(self):\n    return self.name == "softsync"\n', name_comparisons),
+    "membership": ('def f(algo):\n    return algo in ("asgd", "dc-asgd")\n', name_comparisons),
+    "list": ('REPLAYS = ("asgd", "dc-asgd")\n', name_lists),
+    "getattr": ('def f(strategy):\n    return getattr(strategy, "skipped_nonfinite", 0)\n', contract_getattrs),
+    "getattr-cls": ('def f(cls):\n    return getattr(cls, "mode", "accumulate")\n', contract_getattrs),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_each_checker_catches_a_planted_violation(case):
+    source, check = PLANTED[case]
+    assert check(source), case
+
+
+def test_the_private_import_and_cycle_checkers_catch_planted_violations():
+    algorithms = algorithm_modules()
+    source = "from .dcasgd import _check_dc_numbers\n"
+    assert private_imports("hvd_async.algorithms.lcasgd", False, source, algorithms)
+    assert not private_imports("hvd_async.algorithms.lcasgd", False, "from .dcasgd import DCProgram\n", algorithms)
+    planted = {"hvd_async.a": (False, "from . import b\n"), "hvd_async.b": (False, "def f():\n    from .a import x\n"),
+               "hvd_async.c": (False, "from .a import x\n")}
+    assert cycles(import_graph(planted)) == [["hvd_async.a", "hvd_async.b"]]
