@@ -221,8 +221,8 @@ def _every_worker_failed(comm, seconds: float) -> bool:
 def exit_process(code: int) -> None:
     """End this rank's process with ``code``. After a run that went to its end (status 0: results
     written, files closed, the servers told) Horovod is stopped and MPI finalized here, and the process
-    ends without the interpreter's teardown, which frees torch's modules one by one: about 1.5 s of
-    every rank's CPU on a 2-core machine, more than a short job trains. Any other status: the normal
+    ends without the interpreter's teardown, which frees torch's modules one by one: on a small
+    machine, more of every rank's CPU than a short job trains. Any other status: the normal
     exit (its atexit handlers flush and close whatever the failure left open)."""
     if code != 0:
         sys.exit(code)

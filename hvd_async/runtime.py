@@ -300,7 +300,7 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
             (``sched_yield``). None (default): only where this node runs more processes on the
             server's CPUs than there are CPUs (:func:`oversubscribed`), as MPI libraries do in their
             own waits. A server that yields while a worker's gradient comes in over TCP receives it
-            several times slower (``benchmarks/results/bench-check/push-phases-netns-20261127/``).
+            several times slower (the guide's cluster section).
     """
     for name, value in (("poll_interval", poll_interval), ("spin_seconds", spin_seconds),
                         ("worker_timeout", worker_timeout)):

@@ -203,8 +203,8 @@ class Gossip(Strategy):
     Options:
         every: mix every k steps (default 1).
         variant: ``"push"`` (default: push-sum, which keeps the workers' mean exactly) or ``"pull"``
-            (``w <- (w + w_peer) / 2``, the default before; at 8 workers on the digits CNN it ended
-            under ssgd's accuracy, push-sum within a point: docs/guide.md, "Convergence").
+            (``w <- (w + w_peer) / 2``, which does not keep it; the guide's convergence section
+            compares them).
         topology: ``"random"`` (default), ``"ring"`` or ``"exponential"``.
         seed: seeds the random peer choice, ``default_rng((seed, rank))`` (default 0).
         progress_interval: seconds between the window progress thread's MPI calls (default 0.001).

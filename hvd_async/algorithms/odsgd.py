@@ -234,8 +234,8 @@ class ODSGD(Strategy):
 
     Options:
         local_lr: rate of the local step (default: the wrapped optimizer's lr; 0: delayed ssgd).
-        local_momentum: momentum of the local SGD (default: the wrapped optimizer's momentum; 0, the
-            default before, fell short of ssgd on digits: docs/guide.md's convergence tables).
+        local_momentum: momentum of the local SGD (default: the wrapped optimizer's momentum, so
+            that the local step moves as the global one does).
         local_optimizer: callable ``params -> optimizer`` for the local step (overrides the two above).
         local_schedule: ``"follow"`` (default), ``"fixed"`` or a callable ``step -> lr``.
         exchange: ``"window"`` (parameter servers, default) or ``"allreduce"`` (Horovod, no server).

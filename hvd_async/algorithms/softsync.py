@@ -53,9 +53,7 @@ class SoftSync(MailboxStrategy):
             of ``lr``, so the ``n`` aggregates of a round of pushes make one ssgd step, as asgd's
             pushes do) or ``'full'`` (``lr`` per aggregate).
         staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (the paper's rule;
-            default False: on top of ``push_rate='average'`` it cuts the progress per epoch again;
-            the old defaults, this with ``'full'`` and one shared buffer, are in docs/guide.md's
-            convergence tables).
+            default False: on top of ``push_rate='average'`` it cuts the progress per epoch again).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
         momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
             its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,

@@ -232,9 +232,8 @@ class MLPPredictor(LossPredictor):
     Tuning: it learns the shape of the curve from the curve's own past, so it needs a few hundred
     reports per worker to beat the linear fit reliably; raise ``steps`` if it trails it for long.
     Its ops take microseconds; on a host whose cores are busy (a server rank beside worker ranks)
-    torch's intra-op thread pool can turn some of them into milliseconds (measured on 2 cores at a
-    load average of ~8: median ``observe`` 0.5 ms with ``torch.set_num_threads(1)``, 7 to 12 ms
-    with 2 threads), so run such a server single-threaded. A larger ``batch`` costs more per step.
+    torch's intra-op thread pool can turn some of them into milliseconds (its threads wait for cores
+    the other ranks hold), so run such a server single-threaded. A larger ``batch`` costs more per step.
     """
 
     name = "mlp"
