@@ -3,7 +3,6 @@ push clip, and the size of a compensated step's change (the workers' stats)."""
 import torch
 
 from ..checks import is_finite_number
-from ..rules.dc import scratch
 
 LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
 ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
@@ -53,5 +52,5 @@ def check_compensation_numbers(lam, ms_momentum) -> None:
 def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
     """``||step - grad||^2``, through a scratch tensor of ``state``'s (no temporary: see
     DCRule.compensated)."""
-    diff, = scratch(state, grad, 1, key="scratch_diff")
+    diff, = state.scratch_diff.take(grad, 1)
     return float(torch.sub(step, grad, out=diff).norm()) ** 2

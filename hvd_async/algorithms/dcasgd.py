@@ -10,7 +10,6 @@ import torch
 from ..horovod_options import compression_name
 from ..options import option
 from ..rules import DCRule
-from ..rules.dc import SCRATCH_KEYS, scratch
 from ..transport import window as W
 from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
                            MS_MOMENTUM_HELP, PUSH_CLIP_HELP, PushClip, check_compensation_numbers, check_push_clip)
@@ -114,9 +113,6 @@ class DCProgram(MailboxProgram):
 
     uses_grad_norm = True  # (the workers' stats and the push clip read it)
     Payload = DCPayload
-    # the rule's state a checkpoint leaves out: the backups are the outbox slots (saved by the host), the
-    # scratch tensors are rebuilt at the first push
-    unsaved_state = ("backup",) + SCRATCH_KEYS
 
     def __init__(self, host, options, rule=None, compensate: Optional[str] = None):
         """``rule`` and ``compensate``: a program that extends this one passes its own (lc-asgd's rule,
@@ -127,7 +123,7 @@ class DCProgram(MailboxProgram):
         self.rule, self.compensate = rule, options.compensate if compensate is None else compensate
         self.push_clip = PushClip(options.push_clip) if options.push_clip else None
         self.state = rule.init(self.host.weights)
-        self.state["backup"] = self.host.outbox  # what each worker received: with the look-ahead, that point
+        self.state.backup = self.host.outbox  # what each worker received: with the look-ahead, that point
         self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
         self.lookahead = Lookahead(self.host.weights) if options.lookahead else None
 
@@ -174,8 +170,7 @@ class DCProgram(MailboxProgram):
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        rule_state = {k: v for k, v in self.state.items() if k not in self.unsaved_state}
-        state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(rule_state),
+        state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(self.state.saved()),
                      push_clip_mean=self.push_clip.mean if self.push_clip else None)
         return state
 
@@ -186,7 +181,7 @@ class DCProgram(MailboxProgram):
             self.push_clip.mean = state.get("push_clip_mean")
         if self.lookahead is not None:
             self.lookahead.rebuild(self.momentum)
-        self.state.update(tensors_copy(state["rule"]))
+        self.state.load(tensors_copy(state["rule"]))
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         staleness = self.staleness(worker)
@@ -198,7 +193,7 @@ class DCProgram(MailboxProgram):
             whole = payload.grad_norm
             scale = self.push_clip.scale(whole if whole > 0 else grad_norm)
             if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
-                step = torch.mul(step, scale, out=scratch(self.state, grad, 1)[0])
+                step = torch.mul(step, scale, out=self.state.scratch.take(grad, 1)[0])
         kwargs, buffer = payload.sgd_kwargs(), self.momentum[worker]
         if self.lookahead is not None:
             self.lookahead.remove(buffer)

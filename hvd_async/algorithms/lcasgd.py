@@ -13,7 +13,6 @@ from ..rules.loss_prediction import PREDICTORS
 from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
                            MS_MOMENTUM_HELP, PUSH_CLIP_HELP, check_compensation_numbers, check_push_clip, distance_sq)
 from .dcasgd import DCASGD, DCPayload, DCProgram
-from .flat import tensors_copy
 from .ps import LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, check_lookahead, check_push_rate
 
 
@@ -113,21 +112,19 @@ class LCProgram(DCProgram):
 
     Payload = LCPayload
 
-    unsaved_state = DCProgram.unsaved_state + ("predictors",)  # saved apart, each its own state_dict
-
     def __init__(self, host, options: LCASGDOptions):
         super().__init__(host, options, rule=LCRule(**options.rule_options()), compensate="always")
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        state["predictors"] = {int(m): p.state_dict() for m, p in self.state["predictors"].items()}
+        state["predictors"] = {int(m): p.state_dict() for m, p in self.state.predictors.items()}  # each its own
         return state
 
     def load_state_dict(self, state: Dict) -> None:
         super().load_state_dict(state)
-        self.state["predictors"] = {}
+        self.state.predictors = {}
         for worker, saved in state["predictors"].items():
-            predictor = self.state["predictors"][int(worker)] = self.rule.new_predictor()
+            predictor = self.state.predictors[int(worker)] = self.rule.new_predictor()
             predictor.load_state_dict(saved)
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What the update is: pure tensor math, unit-tested against hand-computed numbers."""
 from .base import Rule
-from .dc import DCRule
-from .lc import LCRule
+from .dc import DCRule, DCState
+from .lc import LCRule, LCState
 from .sgd import SGDRule, mean_
 from .staleness import staleness_scaled_mean_
 

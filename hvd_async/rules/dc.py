@@ -9,9 +9,12 @@ optimizer sets them; MXNet's DCASGD puts them in the same place).
 
 Choices: one mean square per shard (the paper's Algorithm 3 keeps one on the server, updated by
 every worker's gradient); the backups ``w_bak(m)`` are held by the caller (the server keeps one per
-worker per shard) and passed in ``state["backup"]``: this rule reads them and does not refresh them,
+worker per shard) and passed in ``state.backup``: this rule reads them and does not refresh them,
 because only the caller knows what the worker received.
 """
+import dataclasses
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
 import torch
 
 from .base import Rule
@@ -31,7 +34,7 @@ class DCRule(Rule):
     Example::
 
         >>> w, g = torch.tensor([1.0]), torch.tensor([2.0])
-        >>> DCRule(lam=0.5).apply_(w, g, {"backup": {0: torch.tensor([0.5])}}, lr=0.1, worker=0)
+        >>> DCRule(lam=0.5).apply_(w, g, DCState(backup={0: torch.tensor([0.5])}), lr=0.1, worker=0)
         tensor([0.7000])
         >>> # 1 - 0.1 * (2 + 0.5 * 2 * 2 * (1 - 0.5)) = 1 - 0.1 * 3
     """
@@ -49,8 +52,8 @@ class DCRule(Rule):
         self.lam, self.adaptive, self.ms_momentum, self.eps = float(lam), bool(adaptive), ms_momentum, eps
         self._sgd = SGDRule()
 
-    def init(self, weights: torch.Tensor):
-        return {"backup": {}, "mean_square": torch.zeros_like(weights) if self.adaptive else None}
+    def init(self, weights: torch.Tensor) -> "DCState":
+        return DCState(mean_square=torch.zeros_like(weights) if self.adaptive else None)
 
     def compensated(self, weights, grad, state, worker: int, active: bool = True) -> torch.Tensor:
         """``g + lam_t * g * g * (w - w_bak(worker))`` (updates ``MS`` if adaptive; ``g`` alone where
@@ -65,42 +68,74 @@ class DCRule(Rule):
         """The compensation ``lam_t * g * g * (w - w_bak(worker))`` alone, in the scratch tensor that
         :meth:`compensated` returns (updates ``MS`` if adaptive); None where it is off (``lam`` 0, or
         not ``active``). ``joined(term, grad, state)`` is then that step, bit for bit."""
-        step, work = scratch(state, grad, 2)
+        step, work = state.scratch.take(grad, 2)
         if self.adaptive:
-            ms = state["mean_square"]
+            ms = state.mean_square
             ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
         if not (self.lam and active):
             return None
-        backup = state["backup"][worker]
+        backup = state.backup[worker]
         if backup.dtype != weights.dtype:  # an fp16 outbox slot: widened here, not into a temporary
             backup = step.copy_(backup)
         torch.sub(weights, backup, out=step)  # the drift
         step.mul_(grad).mul_(grad)
         if self.adaptive:  # lam / sqrt(MS + eps)
-            step.div_(torch.add(state["mean_square"], self.eps, out=work).sqrt_())
+            step.div_(torch.add(state.mean_square, self.eps, out=work).sqrt_())
         return step.mul_(self.lam)
 
     @staticmethod
     def joined(term, grad, state) -> torch.Tensor:
         """The compensated step from :meth:`term`'s result: ``term + g`` in place, or ``g`` copied into
         the scratch tensor where ``term`` is None."""
-        return scratch(state, grad, 1)[0].copy_(grad) if term is None else term.add_(grad)
+        return state.scratch.take(grad, 1)[0].copy_(grad) if term is None else term.add_(grad)
 
     def apply_(self, weights, grad, state, *, lr, staleness=0, worker=0, momentum=0.0,
                weight_decay=0.0):
         step = self.compensated(weights, grad, state, worker)
-        return self._sgd.apply_(weights, step, state, lr=lr, momentum=momentum,
+        return self._sgd.apply_(weights, step, state.sgd, lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
 
 
-SCRATCH_KEYS = ("scratch", "scratch_diff")
+class Scratch:
+    """Temporaries shaped as a given tensor, made at the first :meth:`take` (or again when its shape or
+    dtype changes) and reused push after push: a server allocates nothing per push."""
+
+    def __init__(self):
+        self.held: List[torch.Tensor] = []
+
+    def take(self, like: torch.Tensor, count: int) -> List[torch.Tensor]:
+        """``count`` tensors shaped as ``like`` (their contents are the last user's)."""
+        held = self.held
+        if len(held) < count or held[0].shape != like.shape or held[0].dtype != like.dtype:
+            held = self.held = [torch.empty_like(like) for _ in range(count)]
+        return held[:count]
 
 
-def scratch(state, like: torch.Tensor, count: int, key: str = "scratch"):
-    """``count`` tensors shaped as ``like``, kept in ``state[key]`` (made at the first call, or again
-    when ``like``'s shape or dtype changes): a server's temporaries, reused push after push. A
-    checkpoint leaves them out (``SCRATCH_KEYS``; :meth:`DCProgram.state_dict`)."""
-    held = state.get(key)
-    if not held or len(held) < count or held[0].shape != like.shape or held[0].dtype != like.dtype:
-        held = state[key] = [torch.empty_like(like) for _ in range(count)]
-    return held[:count]
+@dataclasses.dataclass
+class DCState:
+    """:class:`DCRule`'s state.
+
+    Attributes:
+        backup: worker -> the weights it last received, ``w_bak`` (the caller's: a dict, or a server's
+            outbox slots).
+        mean_square: ``MS`` of DC-ASGD-a (None without ``adaptive``).
+        scratch, scratch_diff: reused temporaries (the step's, and a caller's for a difference).
+        sgd: the SGD state of :meth:`DCRule.apply_` (its momentum buffer).
+    """
+
+    SAVED: ClassVar[Tuple[str, ...]] = ("mean_square",)  # what a checkpoint holds (the rest is rebuilt)
+
+    backup: Any = dataclasses.field(default_factory=dict)
+    mean_square: Optional[torch.Tensor] = None
+    scratch: Scratch = dataclasses.field(default_factory=Scratch)
+    scratch_diff: Scratch = dataclasses.field(default_factory=Scratch)
+    sgd: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def saved(self) -> Dict[str, Any]:
+        """The fields a checkpoint holds, by name."""
+        return {name: getattr(self, name) for name in self.SAVED}
+
+    def load(self, saved: Dict[str, Any]) -> None:
+        """Put back what :meth:`saved` returned."""
+        for name in self.SAVED:
+            setattr(self, name, saved[name])

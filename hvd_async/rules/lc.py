@@ -39,15 +39,16 @@ passed as ``version_pulled``): dividing by the pushed mini-batch loss ``L`` inst
 version did, made ``r`` carry one batch's noise, below 1 on average even at zero delay (a random
 rate cut); now ``r`` is exactly 1 at zero delay and departs from 1 as the delay grows.
 """
+import dataclasses
 import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 
 from ..checks import is_finite_number
 from .base import Rule
-from .dc import DCRule
+from .dc import DCRule, DCState
 from .loss_prediction import PREDICTORS, LossPredictor, make_predictor
 from .sgd import SGDRule
 
@@ -127,24 +128,21 @@ class LCRule(Rule):
         return make_predictor(self.predictor, floor=self.floor, min_history=self.min_history,
                               **self.predictor_options)
 
-    def init(self, weights: torch.Tensor) -> Dict[str, Any]:
-        state = self._dc.init(weights)
-        state.update(predictors={}, predictor_seconds=0.0, predictor_calls=0, scale_sum=0.0,
-                     scale_calls=0)
-        return state
+    def init(self, weights: torch.Tensor) -> "LCState":
+        return LCState(mean_square=self._dc.init(weights).mean_square)
 
     def observe(self, state, worker: int, version: int, loss: float) -> None:
         """Add worker ``worker``'s loss report for version ``version`` to its history (no-op without
         ``loss_term``)."""
         if not self.loss_term:
             return
-        predictors = state["predictors"]
+        predictors = state.predictors
         if worker not in predictors:
             predictors[worker] = self.new_predictor()
         start = time.perf_counter()
         predictors[worker].observe(version, loss)
-        state["predictor_seconds"] += time.perf_counter() - start
-        state["predictor_calls"] += 1
+        state.predictor_seconds += time.perf_counter() - start
+        state.predictor_calls += 1
 
     def scale(self, state, worker: int, loss: Optional[float], version_now: int,
               version_pulled: Optional[int] = None) -> float:
@@ -154,19 +152,19 @@ class LCRule(Rule):
         ``version_pulled`` None (the old call) uses ``loss`` as the denominator. 1.0 without
         ``loss_term``, before ``min_history`` reports, or for a missing or invalid ``loss``."""
         r = 1.0
-        predictor = state["predictors"].get(worker)
+        predictor = state.predictors.get(worker)
         if (self.loss_term and predictor is not None and predictor.ready and loss is not None
                 and math.isfinite(loss) and loss > self.floor):
             start = time.perf_counter()
             predicted = predictor.predict(version_now)
             then = loss if version_pulled is None else predictor.predict(version_pulled)
-            state["predictor_seconds"] += time.perf_counter() - start
-            state["predictor_calls"] += 1
+            state.predictor_seconds += time.perf_counter() - start
+            state.predictor_calls += 1
             if then > self.floor and math.isfinite(then) and math.isfinite(predicted):
                 r = math.sqrt(max(0.0, predicted - self.floor) / (then - self.floor))
                 r = min(max(r, self.r_min), self.r_max)
-        state["scale_sum"] += r
-        state["scale_calls"] += 1
+        state.scale_sum += r
+        state.scale_calls += 1
         return r
 
     def compensated(self, weights, grad, state, worker: int, *, loss: Optional[float],
@@ -180,5 +178,20 @@ class LCRule(Rule):
                weight_decay=0.0, loss=None, version_now=0, version_pulled=None):
         step = self.compensated(weights, grad, state, worker, loss=loss, version_now=version_now,
                                 version_pulled=version_pulled)
-        return self._sgd.apply_(weights, step, state, lr=lr, momentum=momentum,
+        return self._sgd.apply_(weights, step, state.sgd, lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
+
+
+@dataclasses.dataclass
+class LCState(DCState):
+    """:class:`LCRule`'s state: :class:`DCState`'s, each worker's loss predictor (saved apart, by its
+    own ``state_dict``) and the running costs and scales the stats report."""
+
+    SAVED: ClassVar[Tuple[str, ...]] = DCState.SAVED + ("predictor_seconds", "predictor_calls", "scale_sum",
+                                                        "scale_calls")
+
+    predictors: Dict[int, LossPredictor] = dataclasses.field(default_factory=dict)
+    predictor_seconds: float = 0.0
+    predictor_calls: int = 0
+    scale_sum: float = 0.0
+    scale_calls: int = 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_async.rules import DCRule, LCRule, SGDRule
+from hvd_async.rules import DCRule, DCState, LCRule, SGDRule
 from hvd_async.rules.loss_prediction import PREDICTORS, make_predictor
 
 SHAPES = {  # L(v) = a * exp(-b v) + c
@@ -212,7 +212,7 @@ def test_without_loss_term_it_is_dc_asgd_exactly(adaptive):
     w, backups, grads = _setup()
     lc, dc = LCRule(0.5, adaptive=adaptive, loss_term=False), DCRule(0.5, adaptive=adaptive)
     s_lc, s_dc = lc.init(w), dc.init(w)
-    s_lc["backup"], s_dc["backup"] = dict(backups), dict(backups)
+    s_lc.backup, s_dc.backup = dict(backups), dict(backups)
     _decreasing_history(lc, s_lc, 0)  # ignored without the loss term
     # the compensated gradient (each call advances its own state's mean square once)
     assert torch.equal(lc.compensated(w, grads[0], s_lc, 0, loss=1.1, version_now=20),
@@ -225,8 +225,8 @@ def test_without_loss_term_it_is_dc_asgd_exactly(adaptive):
         dc.apply_(w_dc, g, s_dc, lr=0.1, worker=i % 2, momentum=0.9, weight_decay=0.01)
         assert torch.equal(w_lc, w_dc)
     if adaptive:
-        assert torch.equal(s_lc["mean_square"], s_dc["mean_square"])
-    assert s_lc["predictors"] == {} and s_lc["scale_sum"] == s_lc["scale_calls"] == 6
+        assert torch.equal(s_lc.mean_square, s_dc.mean_square)
+    assert s_lc.predictors == {} and s_lc.scale_sum == s_lc.scale_calls == 6
 
 
 def test_at_the_algorithms_defaults_without_loss_term_lc_asgd_steps_as_dc_asgd():
@@ -240,7 +240,7 @@ def test_at_the_algorithms_defaults_without_loss_term_lc_asgd_steps_as_dc_asgd()
     dc = DCRule(dc_options.lam, adaptive=dc_options.adaptive, ms_momentum=dc_options.ms_momentum)
     w, backups, grads = _setup()
     s_lc, s_dc = lc.init(w), dc.init(w)
-    s_lc["backup"], s_dc["backup"] = dict(backups), dict(backups)
+    s_lc.backup, s_dc.backup = dict(backups), dict(backups)
     w_lc, w_dc, w_sgd, s_sgd = w.clone(), w.clone(), w.clone(), {}
     for i, g in enumerate(grads):
         lc.apply_(w_lc, g, s_lc, lr=0.1, worker=i % 2, momentum=0.9, loss=1.1, version_now=20)
@@ -254,7 +254,7 @@ def test_without_loss_term_and_lam_zero_it_is_sgd():
     w, backups, grads = _setup()
     rule, a, b, s_sgd = LCRule(0.0, loss_term=False), w.clone(), w.clone(), {}
     state = rule.init(w)
-    state["backup"] = backups
+    state.backup = backups
     for g in grads:
         rule.apply_(a, g, state, lr=0.05, worker=1, momentum=0.9, weight_decay=0.1, loss=1.0,
                     version_now=3)
@@ -266,17 +266,17 @@ def test_loss_term_scales_the_dc_step_by_the_hand_computed_ratio():
     w, backups, grads = _setup()
     rule = LCRule(0.5, floor=0.1)
     state = rule.init(w)
-    state["backup"] = backups
+    state.backup = backups
     _decreasing_history(rule, state, 0)
-    predicted = state["predictors"][0].predict(16)
+    predicted = state.predictors[0].predict(16)
     assert 0.1 < predicted < 1.1  # decreasing history: predicted below the last report
     r = math.sqrt((predicted - 0.1) / (1.1 - 0.1))
     assert 0.25 < r < 1.0
-    expected = w - 0.1 * r * DCRule(0.5).compensated(w, grads[0], {"backup": backups}, 0)
+    expected = w - 0.1 * r * DCRule(0.5).compensated(w, grads[0], DCState(backup=backups), 0)
     out = w.clone()
     rule.apply_(out, grads[0], state, lr=0.1, worker=0, loss=1.1, version_now=16)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-7)
-    assert state["scale_sum"] == pytest.approx(r)
+    assert state.scale_sum == pytest.approx(r)
 
 
 def test_ratio_is_clipped_to_r_min_and_r_max():
@@ -285,7 +285,7 @@ def test_ratio_is_clipped_to_r_min_and_r_max():
         rule = LCRule(0.0, r_min=0.25, r_max=r_max)
         state = rule.init(w)
         _decreasing_history(rule, state, 0)
-        predicted = state["predictors"][0].predict(10)
+        predicted = state.predictors[0].predict(10)
         assert rule.scale(state, 0, 100.0, 10) == 0.25  # sqrt(~1 / 100) = 0.1, clipped
         assert rule.scale(state, 0, predicted / 2.25, 10) == pytest.approx(min(1.5, r_max))
         assert rule.scale(state, 0, predicted / 100, 10) == r_max  # 10, clipped
@@ -297,11 +297,11 @@ def test_histories_are_per_worker_and_unready_or_bad_losses_give_one():
     state = rule.init(w)
     for v, loss in [(1, 3.0), (3, 2.0), (5, 1.5)]:
         rule.observe(state, 1, v, loss)
-    assert not state["predictors"][1].ready and rule.scale(state, 1, 1.5, 40) == 1.0
+    assert not state.predictors[1].ready and rule.scale(state, 1, 1.5, 40) == 1.0
     rule.observe(state, 1, 7, 1.2)
-    before = state["predictors"][1].predict(12)
+    before = state.predictors[1].predict(12)
     _decreasing_history(rule, state, 0)
-    assert state["predictors"][1].predict(12) == before  # worker 0's reports are not worker 1's
+    assert state.predictors[1].predict(12) == before  # worker 0's reports are not worker 1's
     assert rule.scale(state, 2, 1.0, 40) == 1.0  # no history at all
     for bad in (None, float("nan"), 0.0, -1.0):
         assert rule.scale(state, 0, bad, 40) == 1.0
@@ -313,10 +313,10 @@ def test_predictor_timing_counters_increase():
     rule = LCRule(predictor="mlp")
     state = rule.init(w)
     _decreasing_history(rule, state, 0)
-    seconds, calls = state["predictor_seconds"], state["predictor_calls"]
+    seconds, calls = state.predictor_seconds, state.predictor_calls
     assert calls == 5 and seconds > 0
     rule.scale(state, 0, 1.0, 12)
-    assert state["predictor_calls"] == 6 and state["predictor_seconds"] > seconds
+    assert state.predictor_calls == 6 and state.predictor_seconds > seconds
 
 
 @pytest.mark.parametrize("seed", [0, 1])

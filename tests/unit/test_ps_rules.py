@@ -6,7 +6,7 @@ from hvd_async.algorithms.base import parse_options
 from hvd_async.algorithms.asgd import ASGDOptions
 from hvd_async.algorithms.dcasgd import DCASGDOptions
 from hvd_async.algorithms.softsync import SoftSyncOptions
-from hvd_async.rules import DCRule, SGDRule, staleness_scaled_mean_
+from hvd_async.rules import DCRule, DCState, SGDRule, staleness_scaled_mean_
 from hvd_async.transport.window import shard_bounds
 
 
@@ -33,7 +33,7 @@ def test_sgd_rule_momentum_and_weight_decay_by_hand():
 def test_dc_rule_by_hand():
     w = torch.tensor([1.0, 2.0])
     state = DCRule(0.5).init(w)
-    state["backup"] = {3: torch.tensor([0.5, 2.0])}
+    state.backup = {3: torch.tensor([0.5, 2.0])}
     DCRule(0.5).apply_(w, torch.tensor([2.0, -1.0]), state, lr=0.1, worker=3)
     # g + 0.5 g^2 (w - w_bak) = [2 + 0.5 * 4 * 0.5, -1 + 0] = [3, -1]
     assert torch.allclose(w, torch.tensor([0.7, 2.1]))
@@ -43,17 +43,17 @@ def test_dc_rule_adaptive_by_hand():
     w = torch.tensor([1.0])
     rule = DCRule(0.2, adaptive=True, ms_momentum=0.5, eps=1e-12)
     state = rule.init(w)
-    state["backup"] = [torch.tensor([0.0])]
+    state.backup = [torch.tensor([0.0])]
     rule.apply_(w, torch.tensor([2.0]), state, lr=0.1, worker=0)
     # MS = 0.5 * 4 = 2; lam = 0.2 / sqrt(2); step = 2 + lam * 4 * 1
-    assert state["mean_square"].item() == pytest.approx(2.0)
+    assert state.mean_square.item() == pytest.approx(2.0)
     assert w.item() == pytest.approx(1.0 - 0.1 * (2.0 + 0.2 / 2 ** 0.5 * 4.0), rel=1e-6)
 
 
 def test_dc_rule_with_lam_zero_is_sgd():
     g = torch.tensor([0.3, -0.7])
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])
-    DCRule(0.0).apply_(a, g, {"backup": [torch.zeros(2)]}, lr=0.05)
+    DCRule(0.0).apply_(a, g, DCState(backup=[torch.zeros(2)]), lr=0.05)
     SGDRule().apply_(b, g, {}, lr=0.05)
     assert torch.equal(a, b)
 
@@ -112,18 +112,18 @@ def test_dc_rule_reuses_its_scratch_and_a_checkpoint_leaves_it_out():
     rule = DCRule(2.0, adaptive=True)
     w = torch.randn(64)
     state = rule.init(w)
-    state["backup"] = [w.clone() - 0.01]
+    state.backup = [w.clone() - 0.01]
     g1, g2 = torch.randn(64), torch.randn(64)
-    ms = state["mean_square"].clone()
+    ms = state.mean_square.clone()
     first = rule.compensated(w, g1, state, 0)
     ms = 0.95 * ms + 0.05 * g1 * g1
-    want = g1 + 2.0 / torch.sqrt(ms + 1e-7) * g1 * g1 * (w - state["backup"][0])
+    want = g1 + 2.0 / torch.sqrt(ms + 1e-7) * g1 * g1 * (w - state.backup[0])
     assert torch.allclose(first, want, rtol=1e-5, atol=1e-7)
     second = rule.compensated(w, g2, state, 0)
     assert second.data_ptr() == first.data_ptr()
     assert not torch.equal(second, want)  # overwritten: the caller uses the step before the next call
-    from hvd_async.rules.dc import SCRATCH_KEYS
-    assert set(SCRATCH_KEYS) & set(state) == {"scratch"}
+    assert state.scratch.held and not state.scratch_diff.held
+    assert set(state.saved()) == {"mean_square"}  # a checkpoint holds no scratch
 
 
 class _Host:  # what a server program reads and calls on its shard, in memory
@@ -220,11 +220,11 @@ def test_fp16_slots_enter_the_arithmetic_through_kept_buffers_with_the_same_numb
     steps = []
     for backup in (half, half.float()):
         state = rule.init(w)
-        state["backup"] = [backup]
+        state.backup = [backup]
         rule.compensated(w, g, state, 0)  # the scratch exists from now on
         steps.append(rule.compensated(w, g, state, 0).clone())
     assert torch.equal(steps[0], steps[1])
-    state["backup"] = [half]
+    state.backup = [half]
     assert _allocations(lambda: rule.compensated(w, g, state, 0), n) == []
 
     look = Lookahead(w)
@@ -286,8 +286,8 @@ def test_the_dc_term_joined_with_the_gradient_is_the_compensated_step_bit_for_bi
     for rule in (DCRule(2.0, adaptive=True), DCRule(0.3), DCRule(0.0)):
         states = [rule.init(w), rule.init(w)]
         for state in states:
-            state["backup"] = {0: w - 0.01 * torch.randn(256)}
-        states[1]["backup"] = {0: states[0]["backup"][0].clone()}
+            state.backup = {0: w - 0.01 * torch.randn(256)}
+        states[1].backup = {0: states[0].backup[0].clone()}
         for active in (True, False):
             whole = rule.compensated(w, g, states[0], 0, active=active).clone()
             term = rule.term(w, g, states[1], 0, active=active)
