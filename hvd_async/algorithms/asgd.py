@@ -4,30 +4,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import is_int_at_least
 from ..transport import window as W
-from .ps import (PUSH_RATE_HELP, PUSH_RATES, AccumulateProgram, PSStrategy, check_lookahead, check_push_rate,
-                 push_scale)
-from ..options import option
-
-WORKER_LOOKAHEAD_HELP = ("on the workers (asgd, dbs-asgd): after each pull, carry the weights on by momentum x "
-                         "their move since this worker's previous pull (the global weights' own momentum, seen "
-                         "from the worker), so its next gradient is computed near where it lands "
-                         "(--no-lookahead: the plain weights)")
+from .groups import PullEvery, PushRate, WorkerLookaheadOption
+from .ps import AccumulateProgram, PSStrategy
 
 
 @dataclass
-class ASGDOptions:
-    pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
-    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
-    lookahead: bool = option(True, WORKER_LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
-
-    def __post_init__(self):
-        if not is_int_at_least(self.pull_every, 1):
-            raise ValueError(f"pull_every must be an integer >= 1 (pull the global weights every k "
-                             f"steps), got {self.pull_every!r}")
-        check_push_rate(self.push_rate)
-        check_lookahead(self.lookahead)
+class ASGDOptions(WorkerLookaheadOption, PushRate, PullEvery):
+    """asgd's options: pull_every, push_rate, lookahead (the groups it takes; nothing of its own)."""
 
 
 class ASGD(PSStrategy):
@@ -71,7 +55,7 @@ class ASGD(PSStrategy):
         super().__init__(optimizer, named_parameters, transport, options)
         self._before = torch.empty_like(self.model.flat)
         self._delta = torch.empty_like(self.model.flat)
-        self._scale = push_scale(options, transport.size)
+        self._scale = options.push_scale(transport.size)
         self._previous = None  # the weights of the previous pull (lookahead)
 
     def _exchange(self, grad, loss) -> None:

@@ -28,26 +28,34 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..checks import is_int_at_least
-from ..horovod_options import compression_name
 from ..options import option
 from ..rules import mean_
 from ..transport import window as W
+from .groups import COMPRESSION_DEFAULT, Compression, OptionGroup
 from .ps import MailboxProgram, MailboxStrategy
 
 
 @dataclass
-class BackupSGDOptions:
+class BackupsOption(OptionGroup):
+    """How many late gradients each step drops (backup-sgd's own field, before compression)."""
+
     backups: Optional[int] = option(None, "each update is the mean of the first workers-B gradients computed on "
                                     "the current weights; the B late ones are dropped, 0 <= B < workers "
                                     "(default: 1; 0 with a single worker)", flag="--backups", metavar="B")
-    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (fp32 "
-                              "weights and arithmetic on the servers)")
 
     def __post_init__(self):
-        self.compression = compression_name(self.compression)
+        super().__post_init__()
         if self.backups is not None and not is_int_at_least(self.backups, 0):
             raise ValueError(f"backups must be an integer from 0 to workers - 1 (how many late gradients each "
                              f"step drops), got {self.backups!r}")
+
+
+@dataclass
+class BackupSGDOptions(Compression, BackupsOption):
+    """backup-sgd's options: backups, and the compression group (its help in this algorithm's words)."""
+
+    compression: Any = option(COMPRESSION_DEFAULT, "'fp16': gradients and weights cross the network in half "
+                              "precision (fp32 weights and arithmetic on the servers)")
 
 
 def check_backups(backups, workers: int) -> None:

@@ -1,23 +1,46 @@
-"""What dc-asgd and lc-asgd share: the compensation options' help, defaults and checks, the servers'
-push clip, and the size of a compensated step's change (the workers' stats)."""
+"""What dc-asgd and lc-asgd share: the compensation's option groups (declared once: defaults, flags,
+checks), the servers' push clip, and the size of a compensated step's change (the workers' stats)."""
+from dataclasses import dataclass
+
 import torch
 
 from ..checks import is_finite_number
+from ..options import option
+from ..rules.dc import check_compensation
+from .groups import OptionGroup
 
-LAM_HELP = "delay-compensation strength (0: none); lam0 with --dc-adaptive"
-ADAPTIVE_HELP = "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)"
-# dc-asgd's compensation defaults; lc-asgd's too (its docstring)
-LAM_DEFAULT, ADAPTIVE_DEFAULT, MS_MOMENTUM_DEFAULT = 2.0, True, 0.95
-MS_MOMENTUM_HELP = "decay of the mean square of gradients that --dc-adaptive divides by, in [0, 1)"
 PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm (the whole gradient's, every shard "
                   "alike) exceeds this factor times the running mean of the pushes' gradient norms (decay 0.9), "
                   "to that bound: a push out of line with the others cannot throw the weights off (0: never)")
 
 
-def check_push_clip(value) -> None:
-    if not (is_finite_number(value) and (value == 0 or value >= 1)):
-        raise ValueError(f"push_clip must be 0 (never clip) or a factor >= 1 of the running mean gradient "
-                         f"norm, got {value!r}")
+@dataclass
+class Compensation(OptionGroup):
+    """The delay compensation's strength: a constant ``lam``, or DC-ASGD-a's adaptive ``lam0`` (the
+    paper's lam0 = 2; a small constant leaves the term negligible beside the gradient)."""
+
+    lam: float = option(2.0, "delay-compensation strength (0: none); lam0 with --dc-adaptive", flag="--lam")
+    adaptive: bool = option(True, "adaptive lam / sqrt(mean square of gradients) (DC-ASGD-a)",
+                            flag="--dc-adaptive", action="boolean")
+    ms_momentum: float = option(0.95, "decay of the mean square of gradients that --dc-adaptive divides by, "
+                                "in [0, 1)", flag="--ms-momentum")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_compensation(self.lam, self.adaptive, self.ms_momentum)
+
+
+@dataclass
+class PushClipOption(OptionGroup):
+    """The servers' clip of a push far out of line with the others (:class:`PushClip`)."""
+
+    push_clip: float = option(1.5, PUSH_CLIP_HELP, flag="--push-clip")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not (is_finite_number(self.push_clip) and (self.push_clip == 0 or self.push_clip >= 1)):
+            raise ValueError(f"push_clip must be 0 (never clip) or a factor >= 1 of the running mean gradient "
+                             f"norm, got {self.push_clip!r}")
 
 
 class PushClip:
@@ -39,14 +62,6 @@ class PushClip:
         kept = bound if clipped else norm
         self.mean = kept if self.mean is None else self.DECAY * self.mean + (1.0 - self.DECAY) * kept
         return bound / norm if clipped else 1.0
-
-
-def check_compensation_numbers(lam, ms_momentum) -> None:
-    """dc-asgd's and lc-asgd's numbers, as finite numbers in range (the rule checks the rest)."""
-    if not (is_finite_number(lam) and lam >= 0):
-        raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
-    if not (is_finite_number(ms_momentum) and 0 <= ms_momentum < 1):
-        raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
 
 
 def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:

@@ -30,12 +30,14 @@ import torch
 
 from ..checks import is_int_at_least
 from ..options import option
-from .asgd import ASGD, WORKER_LOOKAHEAD_HELP
-from .ps import PUSH_RATE_HELP, PUSH_RATES, check_lookahead, check_push_rate
+from .asgd import ASGD
+from .groups import OptionGroup, PullEvery, PushRate, WorkerLookaheadOption
 
 
 @dataclass
-class DBSASGDOptions:
+class BatchSizingOptions(OptionGroup):
+    """dbs-asgd's own options: the nominal batch and how batches follow speeds (before asgd's groups)."""
+
     batch_size: Optional[int] = option(None, "the nominal batch per worker", from_job="batch_size")
     every: int = option(10, "steps between re-measuring speeds and resizing batches (--batch-size is the "
                         "nominal batch; the global batch is workers x it)", flag="--dbs-every")
@@ -44,13 +46,9 @@ class DBSASGDOptions:
     min_batch: int = option(1, "smallest batch a worker is given", flag="--dbs-min-batch")
     max_batch: Optional[int] = option(None, "largest batch a worker is given (default: none)",
                                       flag="--dbs-max-batch")
-    pull_every: int = option(1, "pull the global weights every k steps", flag="--pull-every")
-    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
-    lookahead: bool = option(True, WORKER_LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
-        check_push_rate(self.push_rate)
-        check_lookahead(self.lookahead)
+        super().__post_init__()
         if self.batch_size is None:  # (the job passes its --batch-size; a script must pass it itself)
             raise ValueError("batch_size is required: pass the nominal batch per worker to the optimizer, "
                              "DistributedOptimizer(..., algorithm='dbs-asgd', batch_size=32), and draw each "
@@ -58,7 +56,7 @@ class DBSASGDOptions:
         if not is_int_at_least(self.batch_size, 1):
             raise ValueError(f"batch_size (the nominal batch per worker; the global batch is "
                              f"workers x batch_size) must be an integer >= 1, got {self.batch_size!r}")
-        for name in ("every", "min_batch", "pull_every"):
+        for name in ("every", "min_batch"):
             if not is_int_at_least(getattr(self, name), 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.max_batch is not None and not is_int_at_least(self.max_batch, self.min_batch):
@@ -67,6 +65,11 @@ class DBSASGDOptions:
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < 1:
             raise ValueError(f"smoothing (weight of the past in the speed's moving average) must be in "
                              f"[0, 1), got {s!r}")
+
+
+@dataclass
+class DBSASGDOptions(WorkerLookaheadOption, PushRate, PullEvery, BatchSizingOptions):
+    """dbs-asgd's options: its batch sizing, then asgd's pull_every, push_rate, lookahead."""
 
 
 class DBSASGD(ASGD):

@@ -7,16 +7,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..horovod_options import compression_name
 from ..options import option
 from ..rules import DCRule
 from ..transport import window as W
-from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
-                           MS_MOMENTUM_HELP, PUSH_CLIP_HELP, PushClip, check_compensation_numbers, check_push_clip)
+from .compensation import Compensation, PushClip, PushClipOption
 from .flat import tensors_copy
+from .groups import Compression, LookaheadOption, OptionGroup, PushRate, check_choice
 from .payload import SGDPayload
-from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram,
-                 MailboxStrategy, check_lookahead, check_push_rate)
+from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
@@ -25,29 +23,20 @@ COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose 
 
 
 @dataclass
-class DCASGDOptions:
-    lam: float = option(LAM_DEFAULT, LAM_HELP, flag="--lam")
-    adaptive: bool = option(ADAPTIVE_DEFAULT, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
-    ms_momentum: float = option(MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP, flag="--ms-momentum")
-    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
-                              "servers keep fp32 weights and arithmetic)")
-    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
-    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
+class CompensateOption(OptionGroup):
+    """Which pushes dc-asgd compensates (a group of its own so that its field keeps its place)."""
+
     compensate: str = option("always", COMPENSATE_HELP, flag="--dc-compensate", choices=COMPENSATE)
-    push_clip: float = option(1.5, PUSH_CLIP_HELP, flag="--push-clip")
 
     def __post_init__(self):
-        self.compression = compression_name(self.compression)
-        check_push_rate(self.push_rate)
-        check_lookahead(self.lookahead)
-        check_push_clip(self.push_clip)
-        if self.compensate not in COMPENSATE:
-            raise ValueError(f"compensate must be 'uncovered' (the pushes delayed beyond what the look-ahead "
-                             f"covers) or 'always' (every push), got {self.compensate!r}")
-        check_compensation_numbers(self.lam, self.ms_momentum)
-        DCRule(self.lam, adaptive=self.adaptive, ms_momentum=self.ms_momentum)  # validates
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be True or False, got {self.adaptive!r}")
+        super().__post_init__()
+        check_choice("compensate", self.compensate, COMPENSATE, "'uncovered' (the pushes delayed beyond what the "
+                     "look-ahead covers) or 'always' (every push)")
+
+
+@dataclass
+class DCASGDOptions(PushClipOption, CompensateOption, LookaheadOption, PushRate, Compression, Compensation):
+    """dc-asgd's options: the compensation, compression, push rate, look-ahead, compensate, push clip."""
 
 
 

@@ -6,21 +6,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..horovod_options import compression_name
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .compensation import (ADAPTIVE_DEFAULT, ADAPTIVE_HELP, LAM_DEFAULT, LAM_HELP, MS_MOMENTUM_DEFAULT,
-                           MS_MOMENTUM_HELP, PUSH_CLIP_HELP, check_compensation_numbers, check_push_clip, distance_sq)
+from .compensation import Compensation, PushClipOption, distance_sq
 from .dcasgd import DCASGD, DCPayload, DCProgram
-from .ps import LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, check_lookahead, check_push_rate
+from .groups import Compression, LookaheadOption, OptionGroup, PushRate
 
 
 @dataclass
-class LCASGDOptions:
-    lam: float = option(LAM_DEFAULT, LAM_HELP, flag="--lam")
-    adaptive: bool = option(ADAPTIVE_DEFAULT, ADAPTIVE_HELP, flag="--dc-adaptive", action="boolean")
-    ms_momentum: float = option(MS_MOMENTUM_DEFAULT, MS_MOMENTUM_HELP, flag="--ms-momentum")
+class LossPredictionOptions(OptionGroup):
+    """lc-asgd's own options: the loss term and its predictor (checked by LCASGDOptions with the rule)."""
+
     loss_term: bool = option(True, "switch the loss-prediction term off (then it is dc-asgd)",
                              flag="--no-loss-term", action="store_false")
     predictor: str = option("linear", "the servers' per-worker loss predictor (a weighted log-linear fit, or "
@@ -31,18 +28,15 @@ class LCASGDOptions:
                           "[r-min, r-max])", flag="--r-min")
     r_max: float = option(1.0, "largest scale of a stale gradient", flag="--r-max")
     min_history: int = option(4, "loss reports needed before r departs from 1")
-    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
-                              "servers keep fp32 weights and arithmetic)")
-    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
-    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
-    push_clip: float = option(1.5, PUSH_CLIP_HELP, flag="--push-clip")
+
+
+@dataclass
+class LCASGDOptions(PushClipOption, LookaheadOption, PushRate, Compression, LossPredictionOptions, Compensation):
+    """lc-asgd's options: dc-asgd's compensation, the loss prediction, compression, push rate,
+    look-ahead and push clip."""
 
     def __post_init__(self):
-        self.compression = compression_name(self.compression)
-        check_push_rate(self.push_rate)
-        check_lookahead(self.lookahead)
-        check_push_clip(self.push_clip)
-        check_compensation_numbers(self.lam, self.ms_momentum)
+        super().__post_init__()
         if self.predictor in PREDICTORS and isinstance(self.predictor_options, dict):
             accepted = _predictor_keywords(self.predictor)
             unknown = sorted(set(self.predictor_options) - set(accepted) - {"floor", "min_history"})
@@ -52,7 +46,9 @@ class LCASGDOptions:
         LCRule(**self.rule_options())  # validates
 
     def rule_options(self) -> Dict:
-        return {k: v for k, v in vars(self).items() if k not in ("compression", "push_rate", "lookahead", "push_clip")}
+        """The keywords of :class:`~hvd_async.rules.LCRule`: the compensation's and the loss prediction's."""
+        return {field.name: getattr(self, field.name)
+                for group in (Compensation, LossPredictionOptions) for field in dataclasses.fields(group)}
 
 
 

@@ -3,9 +3,9 @@ staleness counts, state_dict), the mailbox strategy base (the rule runs on the s
 rate, the accumulate-mode server program, and the mailbox server program's base (snapshots,
 idle/resume, the servers' non-finite check). Each algorithm, its options and its server program are
 in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py, backup.py (dbs.py builds on
-asgd). The family's other public pieces: what a push carries (payload.py), the servers' look-ahead
-(lookahead.py), what dc-asgd and lc-asgd share (compensation.py). A member imports only these public
-names, never another member's private ones.
+asgd). The family's other public pieces: what a push carries (payload.py), the option groups its
+members share (groups.py), the servers' look-ahead (lookahead.py), what dc-asgd and lc-asgd share
+(compensation.py). A member imports only these public names, never another member's private ones.
 
 Each worker keeps its model's parameters as views into one flat fp32 buffer (or, for parameters
 that are not CPU float32, copies through one), and exchanges that buffer with the server shards
@@ -39,11 +39,11 @@ import numpy as np
 import torch
 
 from ..checks import all_finite, norm_if_finite
-from ..horovod_options import compression_name
 from ..rules import SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
+from .groups import Compression
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
 
@@ -87,44 +87,6 @@ def load_server_state_dict(transport, state: Dict) -> None:
 
 
 
-PUSH_RATES = ("average", "full")
-PUSH_RATE_HELP = ("each push moves the global weights by 1/workers of the optimizer's step, so a round of "
-                  "pushes makes one ssgd step at the same --lr (average), or by the whole step (full: workers "
-                  "times ssgd's step per epoch)")
-
-
-
-LOOKAHEAD_HELP = ("on the servers (dc-asgd, lc-asgd, softsync): answer each push with the weights the workers' "
-                  "momentum will carry the global ones to before this worker pushes again (DANA's look-ahead), "
-                  "so its next gradient is computed near where it lands: what lets momentum 0.9 train with many "
-                  "workers (softsync: with per-worker momentum; --no-lookahead: the plain weights)")
-
-
-def check_lookahead(value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"lookahead must be True or False, got {value!r}")
-
-
-def check_push_rate(value) -> None:
-    if value not in PUSH_RATES:
-        raise ValueError(f"push_rate must be 'average' (each push moves the global weights by "
-                         f"1/workers of the optimizer's step: a round of pushes makes one ssgd step) "
-                         f"or 'full' (each push a whole step), got {value!r}")
-
-
-
-def push_scale(options, workers: int) -> float:
-    """What one push's step is multiplied by: ``1 / workers`` under ``push_rate='average'``, else 1."""
-    return 1.0 / workers if options.push_rate == "average" else 1.0
-
-
-
-def _wire(compression) -> str:
-    """Horovod's compression option as the windows' wire format: 'fp32' or 'fp16'."""
-    return "fp16" if compression_name(compression) == "fp16" else "fp32"
-
-
-
 class PSStrategy(Strategy):
     """Common worker side of the parameter-server algorithms (not used directly)."""
 
@@ -152,7 +114,7 @@ class PSStrategy(Strategy):
         cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
         return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
                                  options=cls.server_options(options),
-                                 wire=_wire(getattr(options, "compression", "none")))
+                                 wire=options.wire() if isinstance(options, Compression) else "fp32")
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
@@ -219,7 +181,7 @@ class MailboxStrategy(PSStrategy):
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
-        self._scale = 1.0 if self.scales_on_server else push_scale(options, transport.size)
+        self._scale = 1.0 if self.scales_on_server else options.push_scale(transport.size)
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:

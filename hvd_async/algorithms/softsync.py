@@ -5,40 +5,48 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..checks import is_int_at_least
-from ..horovod_options import compression_name
 from ..options import option
 from ..rules import staleness_scaled_mean_
 from ..transport import window as W
 from .flat import tensors_copy
-from .ps import (LOOKAHEAD_HELP, PUSH_RATE_HELP, PUSH_RATES, Lookahead, MailboxProgram, MailboxStrategy,
-                 check_lookahead, check_push_rate)
+from .groups import Compression, LookaheadOption, OptionGroup, PushRate, check_choice
+from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
 
 @dataclass
-class SoftSyncOptions:
+class AggregateOptions(OptionGroup):
+    """softsync's aggregate: how many gradients, and their rates (the first of its own fields)."""
+
     n: Optional[int] = option(None, "apply an update per floor(workers/N) gradients, N in 1..workers "
                               "(default: workers)", flag="--softsync-n", metavar="N")
     staleness_lr: bool = option(False, "divide each gradient's rate by its staleness (the paper's rule)",
                                 flag="--softsync-staleness-lr", action="store_true")
-    compression: Any = option("none", "'fp16': gradients and weights cross the network in half precision (the "
-                              "servers keep fp32 weights and arithmetic)")
-    momentum: str = option("per-worker", "a momentum buffer per worker on the servers, as dc-asgd keeps "
-                           "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
-                           choices=("per-worker", "shared"))
-    push_rate: str = option("average", PUSH_RATE_HELP, flag="--push-rate", choices=PUSH_RATES)
-    lookahead: bool = option(True, LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
 
     def __post_init__(self):
-        self.compression = compression_name(self.compression)
-        check_push_rate(self.push_rate)
-        check_lookahead(self.lookahead)
-        if self.momentum not in ("per-worker", "shared"):
-            raise ValueError(f"momentum must be 'per-worker' (one buffer per worker, as asgd and dc-asgd "
-                             f"keep) or 'shared' (one buffer for every aggregate), got {self.momentum!r}")
+        super().__post_init__()
         if self.n is not None and not is_int_at_least(self.n, 1):
             raise ValueError(f"n must be an integer between 1 and the number of workers, got {self.n!r}")
         if not isinstance(self.staleness_lr, bool):
             raise ValueError(f"staleness_lr must be True or False, got {self.staleness_lr!r}")
+
+
+@dataclass
+class MomentumOptions(OptionGroup):
+    """Where softsync's servers keep momentum (its own field, after compression)."""
+
+    momentum: str = option("per-worker", "a momentum buffer per worker on the servers, as dc-asgd keeps "
+                           "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
+                           choices=("per-worker", "shared"))
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("momentum", self.momentum, ("per-worker", "shared"), "'per-worker' (one buffer per worker, "
+                     "as asgd and dc-asgd keep) or 'shared' (one buffer for every aggregate)")
+
+
+@dataclass
+class SoftSyncOptions(LookaheadOption, PushRate, MomentumOptions, Compression, AggregateOptions):
+    """softsync's options: n and staleness_lr, compression, momentum, push rate, look-ahead."""
 
 
 

@@ -17,8 +17,20 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 
+from ..checks import is_finite_number
 from .base import Rule
 from .sgd import SGDRule
+
+
+def check_compensation(lam, adaptive, ms_momentum) -> None:
+    """The compensation's three numbers, as the rule needs them (the one check of them: the rules and
+    dc-asgd's and lc-asgd's options call it)."""
+    if not (is_finite_number(lam) and lam >= 0):
+        raise ValueError(f"lam must be a number >= 0 and finite (0 turns compensation off), got {lam!r}")
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True or False, got {adaptive!r}")
+    if not (is_finite_number(ms_momentum) and 0 <= ms_momentum < 1):
+        raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
 
 
 class DCRule(Rule):
@@ -41,12 +53,9 @@ class DCRule(Rule):
 
     name = "dc"
 
-    def __init__(self, lam: float = 0.04, *, adaptive: bool = False, ms_momentum: float = 0.95,
+    def __init__(self, lam: float, *, adaptive: bool = False, ms_momentum: float = 0.95,
                  eps: float = 1e-7):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
-            raise ValueError(f"lam must be a number >= 0 (0 turns compensation off), got {lam!r}")
-        if not 0 <= ms_momentum < 1:
-            raise ValueError(f"ms_momentum must be in [0, 1), got {ms_momentum!r}")
+        check_compensation(lam, adaptive, ms_momentum)
         if not eps > 0:
             raise ValueError(f"eps must be > 0, got {eps!r}")
         self.lam, self.adaptive, self.ms_momentum, self.eps = float(lam), bool(adaptive), ms_momentum, eps

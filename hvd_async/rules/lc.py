@@ -86,12 +86,10 @@ class LCRule(Rule):
 
     name = "lc"
 
-    def __init__(self, lam: float = 0.04, *, adaptive: bool = False, ms_momentum: float = 0.95,
+    def __init__(self, lam: float, *, adaptive: bool = False, ms_momentum: float = 0.95,
                  loss_term: bool = True, predictor: str = "linear",
                  predictor_options: Optional[Dict[str, Any]] = None, floor: float = 0.0,
                  r_min: float = 0.25, r_max: float = 1.0, min_history: int = 4):
-        if not isinstance(adaptive, bool):
-            raise ValueError(f"adaptive must be True or False, got {adaptive!r}")
         self._dc = DCRule(lam, adaptive=adaptive, ms_momentum=ms_momentum)
         if not isinstance(loss_term, bool):
             raise ValueError(f"loss_term must be True or False, got {loss_term!r}")

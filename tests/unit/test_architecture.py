@@ -86,6 +86,35 @@ def test_replayable_list_agrees_with_the_strategies():
     assert set(REPLAYABLE) == {name for name in registry.NAMES if registry.strategy_class(name).replayable}
 
 
+def test_the_convergence_grid_names_every_algorithm():
+    """benchmarks/convergence.py keeps its tuple (a pre-registered grid runs in its order): it must still
+    name every algorithm of the registry, once."""
+    with open(os.path.join(ROOT, "benchmarks", "convergence.py")) as f:
+        tree = ast.parse(f.read())
+    (grid,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["ALGORITHMS"]]
+    names = [e.value for e in grid.elts]
+    assert sorted(names) == sorted(registry.NAMES) and len(set(names)) == len(names), names
+
+
+def test_an_option_shared_by_algorithms_is_declared_once():
+    """A flag several algorithms take comes from one declaration (an option group, hvd_async/algorithms/
+    groups.py), not a copy per class: two declarations of one flag must at least say different things."""
+    import dataclasses
+
+    from hvd_async.options import declared
+
+    declarations = {}
+    for name in registry.NAMES:
+        options_cls = registry.strategy_class(name).Options
+        for field, how in declared(options_cls):
+            if how.flag is not None:
+                declarations.setdefault(how.flag, {})[id(how)] = how.help
+    copies = {flag: helps for flag, helps in declarations.items() if len(set(helps.values())) < len(helps)}
+    assert not copies, f"flags declared again with the same help: {sorted(copies)}; inherit the option group"
+    assert dataclasses.is_dataclass(options_cls)
+
+
 # --- getattr for contracts ------------------------------------------------------------------------
 
 def _is_strategy(node) -> bool:

@@ -287,7 +287,7 @@ KEYWORDS = [
     ("dbs-asgd", {"batch_size": 32, "min_batch": 0}, ValueError, "min_batch must be an integer >= 1, got 0"),
     ("dbs-asgd", {"batch_size": 32, "min_batch": 8, "max_batch": 4}, ValueError,
      "max_batch must be an integer >= min_batch (8), got 4"),
-    ("dbs-asgd", {"batch_size": 32, "pull_every": 0}, ValueError, "pull_every must be an integer >= 1, got 0"),
+    ("dbs-asgd", {"batch_size": 32, "pull_every": 0}, ValueError, "pull_every must be an integer >= 1 (pull the global weights every k steps), got 0"),
     ("od-sgd", {"local_lr": INF}, ValueError, "local_lr must be a finite number >= 0 (0: one-step-delayed ssgd), got inf"),
     ("od-sgd", {"local_momentum": 1}, ValueError, "local_momentum must be in [0, 1), got 1"),
     ("od-sgd", {"local_optimizer": "adam"}, ValueError, "local_optimizer must be a callable params -> "

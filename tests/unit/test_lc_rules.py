@@ -191,7 +191,7 @@ def test_bad_predictor_options_name_the_value(name, options, match):
 ])
 def test_bad_rule_options_name_the_value(options, match):
     with pytest.raises(ValueError, match=match):
-        LCRule(**options)
+        LCRule(**dict(dict(lam=0.04), **options))
 
 
 def _setup(seed=0, n=6):
@@ -293,7 +293,7 @@ def test_ratio_is_clipped_to_r_min_and_r_max():
 
 def test_histories_are_per_worker_and_unready_or_bad_losses_give_one():
     w, _, _ = _setup()
-    rule = LCRule(min_history=4)
+    rule = LCRule(0.04, min_history=4)
     state = rule.init(w)
     for v, loss in [(1, 3.0), (3, 2.0), (5, 1.5)]:
         rule.observe(state, 1, v, loss)
@@ -310,7 +310,7 @@ def test_histories_are_per_worker_and_unready_or_bad_losses_give_one():
 
 def test_predictor_timing_counters_increase():
     w, _, _ = _setup()
-    rule = LCRule(predictor="mlp")
+    rule = LCRule(0.04, predictor="mlp")
     state = rule.init(w)
     _decreasing_history(rule, state, 0)
     seconds, calls = state.predictor_seconds, state.predictor_calls
