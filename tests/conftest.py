@@ -13,3 +13,21 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call":
         item.call_report = report
+
+
+@pytest.fixture
+def registry_as_it_was():
+    """What a test registers in this process (a plugin algorithm) is gone after it: the other tests see
+    the built-in algorithms only."""
+    import sys
+
+    from hvd_async import registry
+
+    before = dict(registry.ALGORITHMS)
+    modules = set(sys.modules)
+    yield
+    registry.ALGORITHMS.clear()
+    registry.ALGORITHMS.update(before)
+    for name in set(sys.modules) - modules:
+        if name.startswith("hvd_async_plugin_"):
+            del sys.modules[name]

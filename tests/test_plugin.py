@@ -4,7 +4,6 @@ simulator, with no line of hvd_async/ naming it."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -19,18 +18,7 @@ PLUGIN = os.path.join(ROOT, "examples", "local_sgd.py")
 PRESET = os.path.join(ROOT, "examples", "local_sgd.yaml")
 
 
-@pytest.fixture(autouse=True)
-def registry_as_it_was():
-    """What a test here registers in this process is gone after it (the other modules' tests see the
-    ten built-in algorithms only)."""
-    before = dict(registry.ALGORITHMS)
-    modules = set(sys.modules)
-    yield
-    registry.ALGORITHMS.clear()
-    registry.ALGORITHMS.update(before)
-    for name in set(sys.modules) - modules:
-        if name.startswith("hvd_async_plugin_"):
-            del sys.modules[name]
+pytestmark = pytest.mark.usefixtures("registry_as_it_was")  # (tests/conftest.py)
 
 
 def test_the_package_does_not_know_the_plugin():
