@@ -89,5 +89,6 @@ def main(argv=None) -> int:
     outputs = {OUT: render(), GUIDE: render_guide()}
     return write_or_check(outputs, args.check, "scripts/gen_cli_docs.py")
 
+
 if __name__ == "__main__":
     sys.exit(main())

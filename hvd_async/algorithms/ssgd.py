@@ -57,7 +57,7 @@ class SSGDOptions:
     groups: Any = option(None, "Horovod's explicit fusion groups: accepted, as num_groups")
     undo_on_device: bool = option(True, "GPU, optimizer without found_inf: skip a non-finite step by undoing "
                                   "it on the device (a copy of parameters and state); False: host read")
-    process_set: Any = None  # Horovod's process set (Python API only): train over its workers alone
+    process_set: Any = option(None, "Horovod's process set (Python only): train over its workers alone")
 
     def __post_init__(self):
         bpps = self.backward_passes_per_step
