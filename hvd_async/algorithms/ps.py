@@ -53,14 +53,20 @@ def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
     """Collective over the workers of a mailbox transport: everyone receives the global weights.
 
     Each worker first tells the servers it is idle (so a synchronous rule does not wait for its
-    gradient), then receives a snapshot (which also becomes its dc-asgd backup), calls
-    ``while_idle()`` if given (no worker pushes meanwhile), then resumes."""
+    gradient), then that it resumes, then receives a snapshot (which also becomes its dc-asgd backup)
+    and calls ``while_idle()`` if given (no worker pushes before the last barrier).
+
+    RESUME goes before the answered PULL: IDLE and RESUME are not answered, and a server takes one
+    worker's requests in order but several workers' in any order (round-robin over senders). Were
+    RESUME last, a fast worker's next push could be taken before a slower worker's RESUME, and a
+    synchronous rule would apply it alone as a whole round. The PULL's answer proves every shard took
+    this worker's RESUME; the barrier then proves it for every worker before anyone pushes."""
     transport.request_async(W.Kind.IDLE).wait()
-    transport.barrier()
+    transport.barrier()  # every worker's last push was answered: nothing is pending on any shard
+    transport.request_async(W.Kind.RESUME).wait()
     transport.request_async(W.Kind.PULL, out=flat).wait()
     if while_idle is not None:
         while_idle()
-    transport.request_async(W.Kind.RESUME).wait()
     transport.barrier()
 
 

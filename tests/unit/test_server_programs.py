@@ -314,3 +314,27 @@ def test_backup_sgd_steps_with_every_active_worker_when_fewer_push():
     push(sync, 0, torch.ones(N))
     with pytest.raises(RuntimeError, match="wait for the update"):
         sync.state_dict()
+
+
+def test_the_snapshot_sends_no_unanswered_request_after_its_last_answered_one():
+    """mailbox_snapshot: IDLE and RESUME are not answered, and a server takes different workers'
+    requests in any order; a RESUME sent after the last answered request could reach a shard after
+    another worker's next push, which a synchronous rule would then apply alone as a whole round.
+    So before the final barrier, the last request must be an answered one (the PULL)."""
+    from hvd_async.algorithms.ps import mailbox_snapshot
+
+    calls = []
+
+    class Recording:
+        def request_async(self, kind, **kwargs):
+            calls.append(kind)
+            return SimpleNamespace(wait=lambda: None)
+
+        def barrier(self):
+            calls.append("barrier")
+
+    mailbox_snapshot(Recording(), torch.zeros(3), while_idle=lambda: calls.append("while_idle"))
+    assert calls[-1] == "barrier" and calls[0] is W.Kind.IDLE and calls[1] == "barrier"
+    requests = [c for c in calls[2:] if isinstance(c, W.Kind)]
+    assert set(requests) == {W.Kind.RESUME, W.Kind.PULL}
+    assert requests[-1].answered, f"unanswered {requests[-1].name} last before the barrier: {calls}"
