@@ -33,7 +33,7 @@ def relaunch(script: str, np: int, mpi_args: str = "") -> int:
     sys.path.insert(0, ROOT)
     from hvd_async.launcher import mpirun_command, run
 
-    return run(mpirun_command(np, program(script), mpi_args=mpi_args))
+    return run(mpirun_command(np, program(script), mpi_args=mpi_args)).code
 
 
 NETNS_TOOL = os.environ.get("HVD_ASYNC_NETNS_TOOL",

@@ -77,7 +77,7 @@ def launch(args) -> int:
             np = args.workers + k
             print(f"== {k} server shard(s): {np} ranks on {cores} cores", flush=True)
             code = run(mpirun_command(np, program(__file__) + ["--part-out", part, "--servers", str(k)],
-                                      mpi_args=mpi_args))
+                                      mpi_args=mpi_args)).code
             if code != 0:
                 print(f"shard_bandwidth: error: the job with {k} shard(s) failed (exit status {code})",
                       file=sys.stderr)

@@ -47,3 +47,20 @@ def test_progress_text_after_a_carriage_return_goes_out_at_once():
     assert out.buffer.getvalue().endswith(b"6/30--\n")
     sink.close()  # nothing is lost at the end
     assert out.buffer.getvalue().endswith(b"6/30--\n" + b"-" * 30)
+
+
+def test_a_benchmark_relaunched_under_mpirun_returns_its_exit_status(tmp_path, monkeypatch):
+    """benchmarks/common.relaunch hands back the job's exit status as an int (what sys.exit() and the
+    callers' ``code != 0`` expect), not the launcher's Outcome."""
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    from common import relaunch
+
+    script = tmp_path / "exit3.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    code = relaunch(str(script), 1)
+    assert type(code) is int and code == 3, code
