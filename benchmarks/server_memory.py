@@ -71,15 +71,19 @@ def _write(out_dir: str, role: str, peak: int) -> None:
 
 def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float) -> dict:
     """Peak resident bytes of the server and of worker 0 in one job."""
+    from hvd_async.launcher import mpirun_command
+
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = ["mpirun", "-np", str(workers + 1), "--oversubscribe", "--bind-to", "none", "--allow-run-as-root",
-               sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo, "--numel", str(numel),
-               "--steps", str(steps), "--out-dir", out_dir]
+        cmd = mpirun_command(workers + 1, [sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo,
+                                           "--numel", str(numel), "--steps", str(steps), "--out-dir", out_dir])
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-        read = lambda role: json.load(open(os.path.join(out_dir, f"{role}.json")))["peak_rss_bytes"]  # noqa: E731
-        return {"server": read("server"), "worker0": read("worker0")}
+        peaks = {}
+        for role in ("server", "worker0"):
+            with open(os.path.join(out_dir, f"{role}.json")) as f:
+                peaks[role] = json.load(f)["peak_rss_bytes"]
+        return peaks
 
 
 def slope(xs, ys) -> float:
