@@ -49,18 +49,21 @@ def test_progress_text_after_a_carriage_return_goes_out_at_once():
     assert out.buffer.getvalue().endswith(b"6/30--\n" + b"-" * 30)
 
 
-def test_a_benchmark_relaunched_under_mpirun_returns_its_exit_status(tmp_path, monkeypatch):
+
+def test_a_benchmark_relaunched_under_mpirun_returns_its_exit_status(tmp_path):
     """benchmarks/common.relaunch hands back the job's exit status as an int (what sys.exit() and the
-    callers' ``code != 0`` expect), not the launcher's Outcome."""
+    callers' ``code != 0`` expect), not the launcher's Outcome. In a fresh interpreter with
+    os.environ's variables: where another test initialised MPI in this process, MPI set variables of
+    its own in the process's environment, which a child mpirun would inherit and refuse."""
     import os
+    import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    from common import relaunch
-
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(sys, "argv", [str(script)])
-    code = relaunch(str(script), 1)
-    assert type(code) is int and code == 3, code
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from common import relaunch; "
+             "code = relaunch(sys.argv[2], 1); print('RELAUNCHED', type(code).__name__, code)")
+    done = subprocess.run([sys.executable, "-c", probe, os.path.join(root, "benchmarks"), str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=root, env=dict(os.environ))
+    assert "RELAUNCHED int 3" in done.stdout, done.stdout + done.stderr
