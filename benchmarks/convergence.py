@@ -229,8 +229,8 @@ def load(args) -> dict:
 
 
 def write(args, runs) -> dict:
-    summary = {"benchmark": "convergence", "epochs": args.epochs, "margin": args.margin, "speedup": args.speedup, "flags": args.flags,
-               "diverged_below": args.diverged_below, "settings": {s: SETTINGS[s][:3] for s in args.setting_list},
+    summary = {"benchmark": "convergence", "epochs": args.epochs, "margin": args.margin, "speedup": args.speedup,
+               "flags": args.flags, "diverged_below": args.diverged_below, "settings": {s: SETTINGS[s][:3] for s in args.setting_list},
                "runs": list(runs.values()), "table": summarize(args, runs)}
     write_record(summary, args.out)
     return summary

@@ -130,7 +130,8 @@ def main(argv=None) -> int:
                           "worker0_copies": round((big["worker0"] - tiny["worker0"]) / copy, 2)})
             print(f"{algo:10s} {workers} workers: server {copies:6.2f} copies of the model "
                   f"({big['server'] / 2**30:.2f} GiB peak), worker 0 {cells[-1]['worker0_copies']:.2f}", flush=True)
-        per_worker = slope([c["workers"] for c in cells], [c["server_copies"] for c in cells]) if len(cells) > 1 else None
+        per_worker = (slope([c["workers"] for c in cells], [c["server_copies"] for c in cells])
+                      if len(cells) > 1 else None)
         rows[algo] = {"cells": cells, "copies_per_extra_worker": None if per_worker is None else round(per_worker, 2)}
         print(f"{algo:10s} copies per extra worker: {'-' if per_worker is None else f'{per_worker:.2f}'}", flush=True)
     write_record({"benchmark": "server_memory", "numel": args.numel, "copy_bytes": copy, "steps": args.steps,

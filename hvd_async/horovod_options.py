@@ -53,7 +53,8 @@ class HorovodOptions:
     def non_default(self) -> Dict[str, Any]:
         """The options set to something other than Horovod's default."""
         default = HorovodOptions()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
 
 
 def compression_name(value) -> str:

@@ -117,8 +117,8 @@ class SSGD(Strategy):
             or self.options.gradient_predivide_factor != 1.0  # (fp16 or scaling can overflow)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._trainable]
         # With gradients on the GPU the check stays on the device, so nothing waits for the GPU (a
-        # read on the host would stall every step; the guide's GPU section has the speeds): an optimizer that takes torch.amp's
-        # found_inf (torch's fused SGD, Adam, AdamW) skips the step in its own kernel; another has its
+        # read on the host would stall every step; the guide's GPU section has the speeds): an
+        # optimizer that takes torch.amp's found_inf (torch's fused SGD, Adam, AdamW) skips the step in its own kernel; another has its
         # step undone on the device (StepUndo; undo_on_device=False reads the check instead). Skips are
         # counted there too, and read every 100 steps and by stats().
         self._skipped = 0

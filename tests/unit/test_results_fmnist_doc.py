@@ -35,8 +35,8 @@ def test_the_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds():
         prov = record["provenance"]
         assert prov["tree_clean"], name
         assert prov["commit"] != protocol, f"{name}: the grid must run at a commit after the protocol's"
-        assert subprocess.run(["git", "merge-base", "--is-ancestor", protocol, prov["commit"]], cwd=ROOT).returncode == 0, \
-            f"{name}: commit {prov['commit'][:10]} does not follow the protocol's {protocol[:10]}"
+        follows = subprocess.run(["git", "merge-base", "--is-ancestor", protocol, prov["commit"]], cwd=ROOT)
+        assert follows.returncode == 0, f"{name}: commit {prov['commit'][:10]} does not follow the protocol's {protocol[:10]}"
         assert {r["seed"] for r in record["runs"]} <= PROTOCOL_SEEDS, name
         commits.add(prov["commit"])
     assert len(commits) <= 1, f"the grid's records come from more than one commit: {sorted(commits)}"
