@@ -98,8 +98,11 @@ def render() -> str:
                      f"({len(aborted['runs'])} runs, commit {aborted['provenance']['commit'][:10]}), stopped because the "
                      f"machine was shared with other work meanwhile (tests and builds on the same 2 cores), which "
                      f"makes wall-clock times to target meaningless for criterion (b). The fmnist-4 part ran on the "
-                     f"shared machine too; its criterion (a) judges final accuracy, not time. It is not judged; the part "
-                     f"is rerun on the same seeds, at the same commit, on a quiet machine.\n")
+                     f"shared machine too; its criterion (a) judges final accuracy, not time. It is not judged: the "
+                     f"part was rerun on the same seeds, at the same commit, "
+                     + (f"with no other job on the machine (`{RECORDS[0][0]}`, above; single-process unit tests ran "
+                        f"beside it at the lowest priority, `nice 19`, about four of its 32 minutes).\n"
+                        if load_record(RECORDS[0][0]) is not None else "on a quiet machine.\n"))
     return "\n".join(parts)
 
 
