@@ -193,6 +193,12 @@ def asynchronous() -> Tuple[str, ...]:
     return tuple(name for name in names() if not get(name).synchronous)
 
 
+def replayable() -> Tuple[str, ...]:
+    """The algorithms whose every push is one update applied where it lands (``simulate --replay``
+    follows a recorded run's order of pushes), in the registry's order."""
+    return tuple(name for name in names() if strategy_class(name).replayable)
+
+
 def strategies() -> Dict[str, type]:
     """Every algorithm's strategy class, by name."""
     return {name: strategy_class(name) for name in names()}

@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 from .. import config, options, registry
 from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 
-REPLAYABLE = ("asgd", "dc-asgd", "lc-asgd")  # each push is one update, applied where it lands
 DEFAULT_COMPUTE_MS = 10.0
 
 
@@ -120,8 +119,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     except ValueError as exc:
         raise config.ConfigError(str(exc)) from None
     if args.replay is not None:
-        if args.algo not in REPLAYABLE:
-            raise config.ConfigError(f"--replay supports {', '.join(REPLAYABLE)} (the order of pushes "
+        if args.algo not in registry.replayable():
+            raise config.ConfigError(f"--replay supports {', '.join(registry.replayable())} (the order of pushes "
                                      f"decides the run), not {args.algo}")
         if args.latency_ms:
             raise config.ConfigError("--replay needs --latency-ms 0 (the recorded order, not latency, "

@@ -16,10 +16,7 @@ from hvd_async import registry
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "hvd_async")
 # Module -> the lists of algorithm names it still holds, with who is to derive them; may only shrink.
-NAME_LISTS_LEFT = {
-    "hvd_async.sim.options": "REPLAYABLE: the simulator's owner is to read Strategy.replayable instead "
-                             "(test_replayable_list_agrees_with_the_strategies keeps the two equal meanwhile)",
-}
+NAME_LISTS_LEFT: dict = {}
 
 
 def _sources():
@@ -80,10 +77,8 @@ def test_no_list_of_algorithm_names_outside_the_registry():
     assert set(NAME_LISTS_LEFT) <= set(found), f"derived now: drop {sorted(set(NAME_LISTS_LEFT) - set(found))}"
 
 
-def test_replayable_list_agrees_with_the_strategies():
-    from hvd_async.sim.options import REPLAYABLE
-
-    assert set(REPLAYABLE) == {name for name in registry.NAMES if registry.strategy_class(name).replayable}
+def test_replay_takes_the_algorithms_whose_strategies_say_so():
+    assert registry.replayable() == ("asgd", "dc-asgd", "lc-asgd")  # (each push one update, where it lands)
 
 
 def test_the_convergence_grid_names_every_algorithm():
