@@ -68,18 +68,19 @@ def make(algo: str, numel: int, lookahead: bool, wire: str = "fp32"):
                                                  push_rate="average", lookahead=lookahead))
 
 
-def request():
+def request(worker: int):
+    """A push of ``worker``'s, its gradient in the worker's own inbox slot."""
     header = np.zeros(W.H_LEN, dtype=np.float64)
     W.encode_request(header, W.Kind.PUSH, SGDPayload(lr=0.1 / WORKERS, momentum=0.9).encode())
-    return W.Request.decode(header, 0, 0)
+    return W.Request.decode(header, 0, worker)
 
 
 def block(program, pushes: int) -> float:
     """Microseconds per push over ``pushes`` pushes, the workers in turn."""
-    req = request()
+    requests = [request(m) for m in range(WORKERS)]
     start = time.perf_counter()
     for i in range(pushes):
-        program.on_request(i % WORKERS, req)
+        program.on_request(i % WORKERS, requests[i % WORKERS])
     return 1e6 * (time.perf_counter() - start) / pushes
 
 

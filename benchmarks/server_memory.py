@@ -14,6 +14,7 @@ counts the pages of its own windows it touched (its shard's slots), which is wha
 
     python benchmarks/server_memory.py                          # every server-side algorithm at 2, 4, 8 workers
     python benchmarks/server_memory.py --algos dc-asgd --workers 2,4 --numel 4194304
+    python benchmarks/server_memory.py --inbox-slots 2       # the mailbox algorithms with a pool of 2 inbox slots
 """
 import argparse
 import json
@@ -38,7 +39,20 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
-def rank_job(algo: str, numel: int, steps: int, out_dir: str) -> None:
+def algorithm_options(algo: str, inbox_slots) -> dict:
+    """The options the job gives ``algo``: what it cannot do without, and ``inbox_slots`` where it has them."""
+    from dataclasses import fields
+
+    from hvd_async import registry
+
+    options = dict(OPTIONS.get(algo, {}))
+    names = {f.name for f in fields(registry.strategy_class(algo).Options)}
+    if inbox_slots is not None and "inbox_slots" in names:
+        options["inbox_slots"] = inbox_slots
+    return options
+
+
+def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None) -> None:
     """One rank of the job (under mpirun): serve, or train ``steps`` steps, then record the peak."""
     import atexit
 
@@ -55,7 +69,8 @@ def rank_job(algo: str, numel: int, steps: int, out_dir: str) -> None:
         return
     param = torch.nn.Parameter(torch.zeros(numel))
     opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=0.01, momentum=0.9),
-                                  named_parameters=[("w", param)], algorithm=algo, **OPTIONS.get(algo, {}))
+                                  named_parameters=[("w", param)], algorithm=algo,
+                                  **algorithm_options(algo, inbox_slots))
     signal = torch.linspace(-1.0, 1.0, numel)
     for step in range(steps):
         opt.zero_grad()
@@ -69,13 +84,14 @@ def _write(out_dir: str, role: str, peak: int) -> None:
         json.dump({"peak_rss_bytes": peak}, f)
 
 
-def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float) -> dict:
+def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inbox_slots=None) -> dict:
     """Peak resident bytes of the server and of worker 0 in one job."""
     from hvd_async.launcher import mpirun_command
 
     with tempfile.TemporaryDirectory() as out_dir:
         cmd = mpirun_command(workers + 1, [sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo,
-                                           "--numel", str(numel), "--steps", str(steps), "--out-dir", out_dir])
+                                           "--numel", str(numel), "--steps", str(steps), "--out-dir", out_dir]
+                             + ([] if inbox_slots is None else ["--inbox-slots", str(inbox_slots)]))
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -106,12 +122,14 @@ def main(argv=None) -> int:
     p.add_argument("--numel", type=int, default=4096 * 4096, help="float32s in the model")
     p.add_argument("--steps", type=int, default=6, help="steps each worker trains")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a job counts as hung")
+    p.add_argument("--inbox-slots", type=int, default=None,
+                   help="the mailbox algorithms' inbox slots per server (default: theirs)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "server_memory.json"), help="JSON path")
     p.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank_job:
-        rank_job(args.algos, args.numel, args.steps, args.out_dir)
+        rank_job(args.algos, args.numel, args.steps, args.out_dir, args.inbox_slots)
         return 0
     algos, counts = args.algos.split(","), [int(w) for w in args.workers.split(",")]
     unknown = [a for a in algos if a not in server_side]
@@ -122,8 +140,8 @@ def main(argv=None) -> int:
     for algo in algos:
         cells = []
         for workers in counts:
-            big = run_job(algo, workers, args.numel, args.steps, args.timeout)
-            tiny = run_job(algo, workers, TINY, args.steps, args.timeout)
+            big = run_job(algo, workers, args.numel, args.steps, args.timeout, args.inbox_slots)
+            tiny = run_job(algo, workers, TINY, args.steps, args.timeout, args.inbox_slots)
             copies = (big["server"] - tiny["server"]) / copy
             cells.append({"workers": workers, "server_peak_bytes": big["server"], "server_fixed_bytes": tiny["server"],
                           "server_copies": round(copies, 2),
@@ -135,7 +153,7 @@ def main(argv=None) -> int:
         rows[algo] = {"cells": cells, "copies_per_extra_worker": None if per_worker is None else round(per_worker, 2)}
         print(f"{algo:10s} copies per extra worker: {'-' if per_worker is None else f'{per_worker:.2f}'}", flush=True)
     write_record({"benchmark": "server_memory", "numel": args.numel, "copy_bytes": copy, "steps": args.steps,
-                  "workers": counts, "servers": 1, "algorithms": rows}, args.out)
+                  "workers": counts, "servers": 1, "inbox_slots": args.inbox_slots, "algorithms": rows}, args.out)
     print(f"written: {args.out}")
     return 0
 

@@ -380,6 +380,11 @@ class WorkerLoop:
         train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
         blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd
         blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
+        counted = {}
+        if "dropped_pushes" in stats:  # backup-sgd: every worker's pushes its servers dropped as late
+            counted["dropped_pushes"] = stats["dropped_pushes"]
+        if "inbox_slot_waits" in stats:  # a pool of inbox slots: pushes that waited for one (all workers')
+            counted["inbox_slot_waits"] = comm.allreduce(stats["inbox_slot_waits"])
         opt.close()
         staleness_mean, staleness_max = staleness_summary(self.staleness_seen)
         metrics = self.metrics
@@ -391,7 +396,7 @@ class WorkerLoop:
             staleness_mean=staleness_mean, staleness_max=staleness_max,
             staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,
             dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
-            updates=opt.progress() if self.uses_servers else steps * self.workers)
+            updates=opt.progress() if self.uses_servers else steps * self.workers, **counted)
         record.update(self.host.finish(self))
         return metrics.finish(self.args.metrics_out, **record,
                               **metrics.compensation(opt.strategy.compensation_sums(stats)))

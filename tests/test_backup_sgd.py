@@ -20,6 +20,16 @@ def test_backup_sgd_values(np, no_shm):
     assert re.search(r"SERVER 0 DONE order=\[", result.out), result.out[-3000:]
 
 
+@pytest.mark.parametrize("slots", [1, 2])
+def test_backup_sgd_values_with_a_pool_of_inbox_slots(slots):
+    """The same values with fewer inbox slots than workers: the accepted gradients are summed as they
+    land, the dropped ones never wait for the others."""
+    result = mpirun(5, python("tests/mpi/backup_checks.py"), env={"SERVERS": "1", "INBOX_SLOTS": str(slots)},
+                    timeout=240)
+    assert result.returncode == 0, result.out[-6000:]
+    assert f"BACKUP CHECKS OK {CHECKS}" in result.out, result.out[-3000:]
+
+
 def test_backup_sgd_trains_past_a_straggler(tmp_path):
     """4 workers, worker 3 three times slower (10 ms of compute a step): one backup keeps the job going at
     the fast workers' pace, the straggler's late gradients are dropped, and digits still trains (an
@@ -37,3 +47,5 @@ def test_backup_sgd_trains_past_a_straggler(tmp_path):
     assert 2 * updates < record["updates"] <= 3 * updates, (record["updates"], updates)
     assert record["staleness_max"] == 0  # no stale gradient was applied
     assert record["samples"] > record["updates"] * 32  # the dropped pushes' samples: drawn, never applied
+    # the late pushes the servers dropped, counted in the metrics (each push a batch of up to 32 samples)
+    assert 0 < record["dropped_pushes"] and record["updates"] + record["dropped_pushes"] <= record["samples"] / 16

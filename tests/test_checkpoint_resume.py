@@ -17,7 +17,8 @@ def test_state_round_trips_exactly(np, servers, no_shm):
     result = mpirun(np, python("tests/mpi/state_checks.py"), no_shm=no_shm, env={"SERVERS": str(servers)},
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
-    expected = ("asgd dbs-asgd dc-asgd lc-asgd softsync od-sgd easgd hpsgd gossip ssgd backup-sgd foreign_state"
+    expected = ("asgd dbs-asgd dc-asgd lc-asgd softsync od-sgd easgd hpsgd gossip ssgd backup-sgd other_slots "
+                "foreign_state"
                 if servers else "od-sgd hpsgd gossip ssgd")
     assert f"STATE CHECKS OK {expected}" in result.out, result.out[-3000:]
 

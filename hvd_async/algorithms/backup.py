@@ -25,13 +25,11 @@ coordinate block is always the mean of that many gradients computed on the same 
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-import torch
-
 from ..checks import is_int_at_least
 from ..options import option
-from ..rules import mean_
+from ..rules import RunningMean
 from ..transport import window as W
-from .groups import COMPRESSION_DEFAULT, Compression, OptionGroup
+from .groups import COMPRESSION_DEFAULT, Compression, InboxSlots, OptionGroup
 from .ps import MailboxProgram, MailboxStrategy
 
 
@@ -51,7 +49,7 @@ class BackupsOption(OptionGroup):
 
 
 @dataclass
-class BackupSGDOptions(Compression, BackupsOption):
+class BackupSGDOptions(InboxSlots, Compression, BackupsOption):
     """backup-sgd's options: backups, and the compression group (its help in this algorithm's words)."""
 
     compression: Any = option(COMPRESSION_DEFAULT, "'fp16': gradients and weights cross the network in half "
@@ -149,12 +147,13 @@ class BackupProgram(MailboxProgram):
         self.need = host.spec.workers - options.backups
         self.accepted: List = []  # (worker, payload) of the gradients for the current version, as they came
         self.dropped = [0] * host.spec.workers
-        self.mean = torch.zeros_like(host.weights)
+        self.mean = RunningMean(host.weights, scale=False)  # their sum, folded in as they land
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         if self.held[worker] != self.host.version:  # computed on weights this shard has moved past
             self.drop(worker)
             return
+        self.mean.add(grad)
         self.accepted.append((worker, payload))
         self.maybe_apply()
 
@@ -179,8 +178,7 @@ class BackupProgram(MailboxProgram):
         if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
             return
         workers = [m for m, _ in self.accepted]
-        mean_([self.host.inbox[m] for m in workers], self.mean)
-        self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **self.accepted[-1][1].sgd_kwargs())
+        self.sgd.apply_(self.host.weights, self.mean.mean_(), self.sgd_state, **self.accepted[-1][1].sgd_kwargs())
         self.host.bump([0] * len(workers), pushes=len(workers))
         self.accepted = []
         for m in workers:

@@ -39,6 +39,10 @@ class Strategy(abc.ABC):
     # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the
     # workers add their changes into the weights) or "mailbox" (the rule runs in the servers' program).
     mode: str = "accumulate"
+    # Mailbox mode: the servers answer through an outbox slot per worker (dc-asgd keeps its backups
+    # there). False: the workers read the weights window themselves, and a pull's copy comes back
+    # through an inbox slot (od-sgd).
+    keeps_outbox = True
     # The servers set each update's rate (softsync knows how many gradients an aggregate holds; backup-sgd
     # makes one whole step per update): the pushes carry the optimizer's lr unscaled by a push rate.
     scales_on_server = False

@@ -12,7 +12,7 @@ from ..rules import DCRule
 from ..transport import window as W
 from .compensation import Compensation, PushClip, PushClipOption
 from .flat import tensors_copy
-from .groups import Compression, LookaheadOption, OptionGroup, PushRate, check_choice
+from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, check_choice
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
@@ -35,7 +35,8 @@ class CompensateOption(OptionGroup):
 
 
 @dataclass
-class DCASGDOptions(PushClipOption, CompensateOption, LookaheadOption, PushRate, Compression, Compensation):
+class DCASGDOptions(PushClipOption, CompensateOption, LookaheadOption, PushRate, InboxSlots, Compression,
+                    Compensation):
     """dc-asgd's options: the compensation, compression, push rate, look-ahead, compensate, push clip."""
 
 

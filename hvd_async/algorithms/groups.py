@@ -34,6 +34,10 @@ WORKER_LOOKAHEAD_HELP = ("on the workers (asgd, dbs-asgd): after each pull, carr
                          "their move since this worker's previous pull (the global weights' own momentum, seen "
                          "from the worker), so its next gradient is computed near where it lands "
                          "(--no-lookahead: the plain weights)")
+INBOX_SLOTS_DEFAULT = 8
+INBOX_SLOTS_HELP = ("inbox slots per server shard: a push claims a free one and the server frees it as soon as "
+                    "it has taken the gradient, so the servers' inbox memory stops growing with the workers "
+                    "past this many (0: one slot per worker, no claim)")
 COMPRESSION_DEFAULT = "none"
 COMPRESSION_HELP = ("'fp16': gradients and weights cross the network in half precision (the servers keep fp32 "
                     "weights and arithmetic)")
@@ -103,6 +107,23 @@ class Compression(OptionGroup):
     def wire(self) -> str:
         """The windows' wire format: 'fp16' or 'fp32'."""
         return "fp16" if self.compression == "fp16" else "fp32"
+
+
+@dataclass
+class InboxSlots(OptionGroup):
+    """How many shard-sized inbox slots each server keeps (the mailbox algorithms)."""
+
+    inbox_slots: int = option(INBOX_SLOTS_DEFAULT, INBOX_SLOTS_HELP, flag="--inbox-slots")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not is_int_at_least(self.inbox_slots, 0):
+            raise ValueError(f"inbox_slots must be an integer >= 0 (slots per server shard; 0: one per "
+                             f"worker), got {self.inbox_slots!r}")
+
+    def slots(self, workers: int) -> int:
+        """The windows' ``slots``: 0 (one per worker) unless the pool is smaller than the workers."""
+        return self.inbox_slots if 0 < self.inbox_slots < workers else 0
 
 
 @dataclass

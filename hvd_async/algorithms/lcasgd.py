@@ -11,7 +11,7 @@ from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .compensation import Compensation, PushClipOption, distance_sq
 from .dcasgd import DCASGD, DCPayload, DCProgram
-from .groups import Compression, LookaheadOption, OptionGroup, PushRate
+from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate
 
 
 @dataclass
@@ -31,7 +31,8 @@ class LossPredictionOptions(OptionGroup):
 
 
 @dataclass
-class LCASGDOptions(PushClipOption, LookaheadOption, PushRate, Compression, LossPredictionOptions, Compensation):
+class LCASGDOptions(PushClipOption, LookaheadOption, PushRate, InboxSlots, Compression, LossPredictionOptions,
+                    Compensation):
     """lc-asgd's options: dc-asgd's compensation, the loss prediction, compression, push rate,
     look-ahead and push clip."""
 

@@ -57,6 +57,7 @@ from ..transport import window as W
 from ..transport.base import ReduceOp
 from .base import Strategy
 from .flat import FlatModel, finite_grads, tensors_copy
+from .groups import InboxSlots
 from .payload import SGDPayload, check_server_sgd, server_sgd_hyper
 from .ps import load_server_state_dict, mailbox_snapshot, server_state_dict
 from .softsync import SoftSyncOptions, SoftSyncProgram
@@ -65,7 +66,7 @@ EXCHANGES = ("window", "allreduce")
 
 
 @dataclass
-class ODSGDOptions:
+class ODSGDOptions(InboxSlots):
     local_lr: Optional[float] = option(None, "rate of the local step (default: --lr; 0: ssgd one step late)",
                                        flag="--local-lr")
     local_momentum: Optional[float] = option(None, "momentum of the local step (default: --momentum)",
@@ -79,6 +80,7 @@ class ODSGDOptions:
                            "among the workers (allreduce, no server)", flag="--od-exchange", choices=EXCHANGES)
 
     def __post_init__(self):
+        super().__post_init__()
         lr = self.local_lr
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf")):
             raise ValueError(f"local_lr must be a finite number >= 0 (0: one-step-delayed ssgd), got {lr!r}")
@@ -252,6 +254,7 @@ class ODSGD(Strategy):
     name = "od-sgd"
     Options = ODSGDOptions
     mode = "mailbox"  # (the window exchange's: the global step runs in the servers' program)
+    keeps_outbox = False  # the workers read the global step from the weights window (guarded)
 
     @classmethod
     def uses_servers(cls, options, registered: bool) -> bool:
@@ -295,7 +298,8 @@ class ODSGD(Strategy):
         if options.exchange == "allreduce":
             return super().make_transport(named_parameters, options, comms)
         numel = sum(p.numel() for _, p in named_parameters)
-        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode)
+        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
+                                 slots=options.slots(comms.group.size), outbox=cls.keeps_outbox)
 
     @classmethod
     def server_program(cls, host):

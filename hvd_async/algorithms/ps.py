@@ -43,7 +43,7 @@ from ..rules import SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
-from .groups import Compression
+from .groups import Compression, InboxSlots
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
 
@@ -120,7 +120,9 @@ class PSStrategy(Strategy):
         cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
         return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
                                  options=cls.server_options(options),
-                                 wire=options.wire() if isinstance(options, Compression) else "fp32")
+                                 wire=options.wire() if isinstance(options, Compression) else "fp32",
+                                 slots=options.slots(comms.group.size) if isinstance(options, InboxSlots) else 0,
+                                 outbox=cls.keeps_outbox)
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
@@ -229,12 +231,15 @@ class MailboxStrategy(PSStrategy):
         self.model.load_params()
 
     def stats(self) -> Dict:
-        """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard; dc-asgd
+        """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard (with a
+        pool of inbox slots, ``inbox_slot_waits``: this worker's pushes that waited for one); dc-asgd
         and lc-asgd add ``server_pushes``, ``compensation_sq_sum`` and ``grad_sq_sum`` (sums over
         those pushes of ``||compensated step - g||^2`` and ``||g||^2``)."""
         out = super().stats()
         rows = self.transport.read_stats()
         out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
+        if self.transport.spec.pooled:  # pushes that found every inbox slot taken (--inbox-slots too few?)
+            out["inbox_slot_waits"] = self.transport.slot_waits
         if self.compensates:  # sums over the servers' applied pushes (the shards' parts add up)
             out["server_pushes"] = rows[0]["pushes"]
             # the sums dc-asgd's and lc-asgd's programs add up (DCProgram.on_push: add_sums)
@@ -274,11 +279,15 @@ class MailboxProgram(W.ServerProgram):
         self.sgd = SGDRule()
         self.sgd_state: Dict = {}
 
-    def snapshot(self, worker: int, copy: bool = True) -> None:
+    def snapshot(self, worker: int, copy: bool = True, slot: Optional[int] = None) -> None:
         """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``); with
-        ``copy=False`` only note that the worker is reading the current version itself."""
+        ``copy=False`` only note that the worker is reading the current version itself. Where the
+        windows have no outbox, a pull's copy goes into the pull's inbox ``slot``."""
         if copy:
-            self.host.outbox[worker].copy_(self.host.weights)
+            if self.host.outbox is not None:
+                self.host.outbox[worker].copy_(self.host.weights)
+            elif slot is not None:
+                self.host.inbox_raw[slot].copy_(self.host.weights)
         self.held[worker] = self.host.version
 
     def staleness(self, worker: int) -> int:
@@ -292,7 +301,7 @@ class MailboxProgram(W.ServerProgram):
         kind = request.kind
         if kind is W.Kind.PUSH:
             self.active.add(worker)
-            grad = self.host.inbox[worker]
+            grad = self.host.inbox[worker if request.slot is None else request.slot]
             if self.uses_grad_norm:  # the check and the norm the program reports, in one pass
                 grad_norm = norm_if_finite(grad)
                 finite = grad_norm is not None
@@ -307,7 +316,7 @@ class MailboxProgram(W.ServerProgram):
                 return
             self.on_push(worker, grad, self.Payload.decode(request.payload), grad_norm)
         elif kind is W.Kind.PULL:
-            self.snapshot(worker)
+            self.snapshot(worker, slot=request.slot)
             self.host.answer(worker, 0, W.Status.SNAPSHOT)
         elif kind is W.Kind.IDLE:
             self.on_leave(worker)

@@ -1,15 +1,13 @@
 """softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
-
-import torch
+from typing import Dict, List, Optional
 
 from ..checks import is_int_at_least
 from ..options import option
-from ..rules import staleness_scaled_mean_
+from ..rules import RunningMean
 from ..transport import window as W
 from .flat import tensors_copy
-from .groups import Compression, LookaheadOption, OptionGroup, PushRate, check_choice
+from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, check_choice
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
 
@@ -45,7 +43,7 @@ class MomentumOptions(OptionGroup):
 
 
 @dataclass
-class SoftSyncOptions(LookaheadOption, PushRate, MomentumOptions, Compression, AggregateOptions):
+class SoftSyncOptions(LookaheadOption, PushRate, MomentumOptions, InboxSlots, Compression, AggregateOptions):
     """softsync's options: n and staleness_lr, compression, momentum, push rate, look-ahead."""
 
 
@@ -121,8 +119,8 @@ class SoftSyncProgram(MailboxProgram):
         # 'average': an aggregate of c gradients takes c / workers of the rate, so that the
         # aggregates of one round of pushes (one per worker) make one ssgd step
         self.rate = self.c / host.spec.workers if options.push_rate == "average" else 1.0
-        self.pending: List = []
-        self.mean = torch.zeros_like(host.weights)
+        self.pending: List = []  # (worker, payload, staleness) of the gradients in the running mean
+        self.mean = RunningMean(host.weights, scale=self.scale)
         # 'per-worker': each worker's gradients go through its own momentum buffer (dc-asgd's and
         # asgd's), and the aggregate is the staleness-scaled mean of the workers' directions: n=1 is
         # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
@@ -132,7 +130,20 @@ class SoftSyncProgram(MailboxProgram):
         self.lookahead = Lookahead(host.weights) if use else None
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
-        self.pending.append((worker, payload))
+        """Fold the gradient (or, with per-worker momentum, its worker's direction) into the running
+        mean at once: the weights do not move before the aggregate, so each term is what it would be
+        then, and the inbox slot is free again."""
+        staleness = self.staleness(worker)
+        if self.momentum is not None:
+            kwargs = payload.sgd_kwargs()
+            del kwargs["lr"]
+            if self.lookahead is not None:
+                self.lookahead.remove(self.momentum[worker])
+            grad = self.sgd.direction(self.host.weights, grad, self.momentum[worker], **kwargs)
+            if self.lookahead is not None:
+                self.lookahead.add(self.momentum[worker])
+        self.mean.add(grad, staleness)
+        self.pending.append((worker, payload, staleness))
         self.maybe_apply()
 
     def waiting_on(self):
@@ -163,26 +174,16 @@ class SoftSyncProgram(MailboxProgram):
         """Apply once ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
         if not self.pending or len(self.pending) < max(1, min(self.c, len(self.active))):
             return
-        workers = [m for m, _ in self.pending]
-        staleness = [self.staleness(m) for m in workers]
+        workers = [m for m, _, _ in self.pending]
+        staleness = [s for _, _, s in self.pending]
         last = self.pending[-1][1].sgd_kwargs()  # the rate and momentum of the aggregate's step
+        mean = self.mean.mean_()
         if self.momentum is None:
-            staleness_scaled_mean_([self.host.inbox[m] for m in workers], staleness, self.mean, scale=self.scale)
             if self.rate != 1.0:
-                self.mean.mul_(self.rate)
-            self.sgd.apply_(self.host.weights, self.mean, self.sgd_state, **last)
+                mean.mul_(self.rate)
+            self.sgd.apply_(self.host.weights, mean, self.sgd_state, **last)
         else:
-            directions = []
-            for m, payload in self.pending:
-                kwargs = payload.sgd_kwargs()
-                del kwargs["lr"]
-                if self.lookahead is not None:
-                    self.lookahead.remove(self.momentum[m])
-                directions.append(self.sgd.direction(self.host.weights, self.host.inbox[m], self.momentum[m], **kwargs))
-                if self.lookahead is not None:
-                    self.lookahead.add(self.momentum[m])
-            staleness_scaled_mean_(directions, staleness, self.mean, scale=self.scale)
-            self.host.weights.add_(self.mean, alpha=-self.rate * last["lr"])
+            self.host.weights.add_(mean, alpha=-self.rate * last["lr"])
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c

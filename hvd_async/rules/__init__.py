@@ -3,6 +3,6 @@ from .base import Rule
 from .dc import DCRule, DCState
 from .lc import LCRule, LCState
 from .sgd import SGDRule, mean_
-from .staleness import staleness_scaled_mean_
+from .staleness import RunningMean, staleness_scaled_mean_
 
-__all__ = ["Rule", "DCRule", "LCRule", "SGDRule", "mean_", "staleness_scaled_mean_"]
+__all__ = ["Rule", "DCRule", "LCRule", "SGDRule", "mean_", "RunningMean", "staleness_scaled_mean_"]

@@ -34,3 +34,32 @@ def staleness_scaled_mean_(grads: Sequence[torch.Tensor], staleness: Sequence[in
         else:
             out.add_(grad)
     return out.div_(len(grads))
+
+
+class RunningMean:
+    """``staleness_scaled_mean_`` taken one gradient at a time, as the gradients land: ``add`` folds
+    each into ``total`` (summed in arrival order, as the list form sums them, with the same result to
+    the bit), ``mean_()`` divides by their count and the next ``add`` starts a new sum. A server that
+    waits for several gradients keeps this one buffer instead of the gradients."""
+
+    def __init__(self, like: torch.Tensor, *, scale: bool = True):
+        self.total = torch.zeros_like(like)
+        self.scale = scale
+        self.count = 0
+
+    def add(self, grad: torch.Tensor, staleness: int = 0) -> None:
+        if self.count == 0:
+            self.total.zero_()
+        if self.scale and staleness > 1:
+            self.total.add_(grad, alpha=1.0 / staleness_divisor(staleness))
+        else:
+            self.total.add_(grad)
+        self.count += 1
+
+    def mean_(self) -> torch.Tensor:
+        """The mean of the gradients added since the last call (``total``, divided in place)."""
+        if not self.count:
+            raise ValueError("no gradient was added since the last mean")
+        self.total.div_(self.count)
+        self.count = 0
+        return self.total

@@ -73,9 +73,11 @@ class SimShardHost(W.ShardHost):
         self.weights = torch.zeros(n, dtype=torch.float32)
         if spec.mode == "mailbox":
             inbox = torch.zeros(n * spec.workers, dtype=torch.float32)
-            outbox = torch.zeros(n * spec.workers, dtype=torch.float32)
-            self.inbox = [inbox[m * n:(m + 1) * n] for m in range(spec.workers)]
-            self.outbox = [outbox[m * n:(m + 1) * n] for m in range(spec.workers)]
+            self.inbox = self.inbox_raw = [inbox[m * n:(m + 1) * n] for m in range(spec.workers)]
+            self.outbox = None
+            if spec.outbox:
+                outbox = torch.zeros(n * spec.workers, dtype=torch.float32)
+                self.outbox = [outbox[m * n:(m + 1) * n] for m in range(spec.workers)]
         self._start_bookkeeping()
         self.answers: Dict[int, np.ndarray] = {}
         self.program = make_program(self)
@@ -305,8 +307,8 @@ class SimWindowTransport(W.WindowTransport):
             self.net.sched.wait_until(me, lambda: all(me in host.answers for host in self.hosts),
                                       "the servers' answer")
             answers = W.Answers(np.stack([host.answers.pop(me) for host in self.hosts]))
-            for host, part in outs:
-                part.copy_(host.outbox[me])
+            for host, part in outs:  # (without an outbox, a pull's copy is in its inbox slot)
+                part.copy_(host.outbox[me] if host.outbox is not None else host.inbox[me])
             self._versions[:] = answers.versions
             np.maximum(self.latest_versions, self._versions, out=self.latest_versions)
             if self.script is not None and out is not None:  # the answer brought what the real one did?

@@ -3,8 +3,10 @@
 Each round b workers are made late on purpose: they push only after the others' step has been
 applied (a token from a worker whose step returned), so the first ``workers - b`` pushes are known.
 The checks compare every worker's weights with torch's SGD on the mean of those pushes, and the
-drop counts with the schedule; worker 0 prints ``BACKUP CHECKS OK`` at the end.
+drop counts with the schedule; worker 0 prints ``BACKUP CHECKS OK`` at the end. ``INBOX_SLOTS``:
+the servers' inbox slots (fewer than the workers: a pool the pushes claim).
 """
+import os
 import sys
 
 import numpy as np
@@ -35,7 +37,10 @@ def _run(backups):
     init = (torch.arange(NUMEL) % 11).float() - 5.0
     param = torch.nn.Parameter(init.clone())
     opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
-                                  named_parameters=[("w", param)], algorithm="backup-sgd", backups=backups)
+                                  named_parameters=[("w", param)], algorithm="backup-sgd", backups=backups,
+                                  inbox_slots=int(os.environ.get("INBOX_SLOTS", "8")))
+    slots = opt.strategy.transport.spec
+    check(slots.pooled == (int(os.environ.get("INBOX_SLOTS", "8")) < workers), f"the pool is as asked: {slots}")
     opt.begin()  # collective: before a late worker waits for its token
     reference = torch.nn.Parameter(init.clone().double())
     sgd = torch.optim.SGD([reference], lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)

@@ -102,6 +102,29 @@ def round_trip(algorithm):
     return run
 
 
+def other_slots():
+    """A state saved with one inbox slot per worker loads exactly into servers with a pool of one
+    slot (the pool holds nothing between pushes), and the job trains on."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    states = []
+    for slots in (0, 1):
+        opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                      named_parameters=model.named_parameters(), algorithm="dc-asgd",
+                                      lam=0.5, inbox_slots=slots)
+        check(opt.strategy.transport.spec.pooled == (slots == 1 and ha.size() > 1), "the pool is as asked")
+        if states:
+            opt.load_state_dict(states[0]["optimizer"])
+            opt.load_algorithm_state_dict(states[0]["algorithm"])
+            same(states[0], full_state(opt), "dc-asgd state loaded into a pool of one slot")
+        ha.worker_comm().Barrier()
+        train(opt, model, 7, seed=100 + ha.rank())
+        opt.load_global_model()
+        states.append(full_state(opt))
+        ha.worker_comm().Barrier()
+        opt.close()
+
+
 def foreign_state():
     """Another algorithm's state, or another server count's, is refused with a clear message."""
     model = torch.nn.Linear(6, 3)
@@ -140,5 +163,6 @@ if __name__ == "__main__":
     algorithms = [a for a in OPTIONS if with_servers or a in SERVERLESS + ("od-sgd",)]
     checks = {a: round_trip(a) for a in algorithms}
     if with_servers:
+        checks["other_slots"] = other_slots
         checks["foreign_state"] = foreign_state
     main(checks, names, "STATE CHECKS OK")

@@ -77,6 +77,8 @@ class Case:
             options["n"] = workers
         if algo == "od-sgd":
             options.update(exchange="window" if servers else "allreduce", local_lr=pick(0.0, 0.5, 1.0))
+        if os.environ.get("INBOX_SLOTS") and algo in ("dc-asgd", "lc-asgd", "softsync", "od-sgd"):
+            options["inbox_slots"] = int(os.environ["INBOX_SLOTS"])  # a pool of slots (test_inbox_slots.py)
         if algo == "easgd":
             options.update(tau=pick(1, 2, 3), alpha=pick(None, 0.25, 0.5), synchronous=pick(False, False, True))
         if algo == "gossip":
@@ -140,7 +142,13 @@ def _total(x: torch.Tensor) -> np.ndarray:
     return ha.worker_comm().allreduce(x.double().numpy())
 
 
-def _report(algo: str, checked: int, what: str) -> None:
+def _report(algo: str, checked: int, what: str, transport=None) -> None:
+    """Worker 0 says what it checked (and, on a window transport, whether its inbox was a pool and
+    how many pushes waited for a slot, summed over the workers: collective)."""
+    if transport is not None and hasattr(transport, "slot_waits"):
+        waits = ha.worker_comm().allreduce(transport.slot_waits)
+        if ha.rank() == 0:
+            say(f"STRESS SLOTS pooled={transport.spec.pooled} slots={transport.spec.inbox_slots} waits={waits}")
     if ha.rank() == 0:
         say(f"STRESS CHECKED {algo} pushes={checked} {what}")
 
@@ -191,9 +199,9 @@ def parameter_server():
         drawn, at = ha.worker_comm().allreduce(cursor[0]), t.fetch_add_counter(0)
         check(at == drawn, f"dbs-asgd: the shared cursor is at {at}, {drawn} samples were drawn")
         sizes = sorted(set().union(*ha.worker_comm().allgather(sizes)))
-    opt.close()
     _report(case.algo, pushes, "exact" + (f", {len(sizes)} batch sizes from {sizes[0]} to {sizes[-1]}"
-                                          if case.algo == "dbs-asgd" else ""))
+                                          if case.algo == "dbs-asgd" else ""), t)
+    opt.close()
 
 
 def one_step_delay():
@@ -206,8 +214,8 @@ def one_step_delay():
     pushes = ha.worker_comm().allreduce(case.steps)
     if case.options["exchange"] == "window":
         _server_counts(opt.strategy.transport, pushes, case.steps, None)
+    _report(case.algo, pushes, "exact", opt.strategy.transport)
     opt.close()
-    _report(case.algo, pushes, "exact")
 
 
 class _Tally:

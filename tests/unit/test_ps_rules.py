@@ -6,7 +6,7 @@ from hvd_async.algorithms.base import parse_options
 from hvd_async.algorithms.asgd import ASGDOptions
 from hvd_async.algorithms.dcasgd import DCASGDOptions
 from hvd_async.algorithms.softsync import SoftSyncOptions
-from hvd_async.rules import DCRule, DCState, SGDRule, staleness_scaled_mean_
+from hvd_async.rules import DCRule, DCState, RunningMean, SGDRule, staleness_scaled_mean_
 from hvd_async.transport.window import shard_bounds
 
 
@@ -66,6 +66,22 @@ def test_staleness_scaled_mean_by_hand():
     assert out.tolist() == [5.0, 5.5]
     with pytest.raises(ValueError, match="one staleness per gradient"):
         staleness_scaled_mean_([torch.zeros(2)], [0, 1], out)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_the_running_mean_is_the_list_mean_to_the_bit(scale):
+    """Folded in as the gradients land, one buffer: the same sum in the same order as the list form."""
+    gen = torch.Generator().manual_seed(5)
+    rounds = [[torch.randn(257, generator=gen) for _ in range(k)] for k in (3, 1, 4)]
+    running = RunningMean(torch.zeros(257), scale=scale)
+    for grads in rounds:
+        staleness = [int(s) for s in torch.randint(0, 5, (len(grads),), generator=gen)]
+        for grad, tau in zip(grads, staleness):
+            running.add(grad, tau)
+        want = staleness_scaled_mean_(grads, staleness, torch.empty(257), scale=scale)
+        assert torch.equal(running.mean_(), want)
+    with pytest.raises(ValueError, match="no gradient was added"):
+        running.mean_()
 
 
 @pytest.mark.parametrize("cls,options,match", [

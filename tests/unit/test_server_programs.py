@@ -51,15 +51,15 @@ def softsync_options(**given):
     return SoftSyncOptions(**dict(dict(momentum="shared", push_rate="full", lookahead=False), **given))
 
 
-def header(lr=0.1, momentum=0.9, weight_decay=0.01):
+def header(worker=0, lr=0.1, momentum=0.9, weight_decay=0.01):
     h = np.zeros(W.H_LEN, dtype=np.float64)  # as a worker encodes it, as the host decodes it
     W.encode_request(h, W.Kind.PUSH, SGDPayload(lr=lr, momentum=momentum, weight_decay=weight_decay).encode())
-    return W.Request.decode(h, 0, 0)
+    return W.Request.decode(h, 0, worker)  # (the worker's own inbox slot)
 
 
 def push(program, worker, grad):
     program.host.inbox[worker].copy_(grad)
-    program.on_request(worker, header())
+    program.on_request(worker, header(worker))
 
 
 def gradients(rounds, seed=0):

@@ -37,3 +37,32 @@ def test_answers_read_by_name():
     assert answers.pushes == 40 and answers.all(W.Status.APPLIED) and not answers.all(W.Status.SKIPPED)
     rows[1, W.R_STATUS] = W.Status.SKIPPED
     assert not answers.all(W.Status.APPLIED)
+
+
+def test_a_push_names_its_inbox_slot():
+    header = np.zeros(W.H_LEN)
+    W.encode_request(header, W.Kind.PUSH, {0: 0.1}, slot=2)
+    assert W.Request.decode(header, shard=0, worker=4).slot == 2
+    W.encode_request(header, W.Kind.PUSH, {0: 0.1})  # no slot named: the worker's own
+    assert W.Request.decode(header, shard=0, worker=4).slot == 4
+
+
+def test_a_pool_only_where_fewer_slots_than_workers():
+    spec = lambda slots, mode="mailbox": W.WindowSpec("dc-asgd", mode, 10, 1, 4, slots=slots)  # noqa: E731
+    assert (spec(0).pooled, spec(0).inbox_slots) == (False, 4)
+    assert (spec(4).pooled, spec(9).inbox_slots) == (False, 4)
+    assert (spec(2).pooled, spec(2).inbox_slots) == (True, 2)
+    assert not spec(2, mode="accumulate").pooled
+
+
+def test_fp16_slots_widen_into_one_shared_buffer():
+    """One fp32 buffer for every slot (not one per worker): each read is the slot as it is now."""
+    import torch
+    from hvd_async.transport.window.host import WidenedSlots
+
+    slots = [torch.full((5,), float(s) + 0.5, dtype=torch.float16) for s in range(3)]
+    wide = WidenedSlots(slots)
+    first = wide[0]
+    assert first.dtype == torch.float32 and first.tolist() == [0.5] * 5
+    second = wide[2]
+    assert second.data_ptr() == first.data_ptr() and second.tolist() == [2.5] * 5

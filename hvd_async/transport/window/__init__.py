@@ -12,13 +12,18 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
   rewrite their weights keep ``META_WRITING`` in the counter's place, see below). What the sums,
   the counter and the values stand for is the algorithm's (dc-asgd's compensation norms, dbs-asgd's
   batch cursor and speed table): the transport names no learning quantity;
-- mailbox mode only, ``inbox`` and ``outbox``: one shard-sized slot per worker. A worker puts its
-  gradient into its inbox slot, flushes, and sends the server a small header message (a
-  :class:`Request`: its :class:`Kind` and a payload of ``PAYLOAD_LEN`` floats whose fields the
-  algorithm defines); the server program applies its rule, writes the weights it wants the worker
-  to continue from into the worker's outbox slot (dc-asgd keeps them there as that worker's backup
-  ``w_bak(m)``) and answers with the version, the staleness, the pushes and a :class:`Status`
-  (the worker reads them as :class:`Answers`); the worker then gets its outbox slot.
+- mailbox mode only, ``inbox`` and ``outbox``: shard-sized slots. The outbox has one per worker;
+  the inbox one per worker too, or a pool of fewer (``slots``: :mod:`.slots`, the server grants a
+  push a free one on request and frees it once it has taken the gradient). A worker
+  puts its gradient into its inbox slot, flushes, and sends the server a small header message (a
+  :class:`Request`: its :class:`Kind`, the slot, and a payload of ``PAYLOAD_LEN`` floats whose fields
+  the algorithm defines); the server program takes the gradient (a program that waits for several
+  folds each into a running sum as it lands, so the slot is free at once), applies its rule, writes
+  the weights it wants the worker to continue from into the worker's outbox slot (dc-asgd keeps them
+  there as that worker's backup ``w_bak(m)``) and answers with the version, the staleness, the
+  pushes and a :class:`Status` (the worker reads them as :class:`Answers`); the worker then gets its
+  outbox slot. An algorithm whose workers read the weights window themselves (od-sgd) has no
+  outbox: a pull's copy comes back through the pull's inbox slot.
 
 Two modes:
 

@@ -1,7 +1,7 @@
 """The worker side of the windows: :class:`WindowTransport` pulls the global weights, pushes
 deltas (accumulate mode) or gradients (mailbox mode), and reads versions (see
 :mod:`hvd_async.transport.window` for the protocol)."""
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -9,12 +9,14 @@ import torch
 from ..base import Transport
 from ..leave import LeaveWatch
 from .counters import MetaAccess
-from .layout import (HIST_BINS, H_LEN, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
-                     TAG_CLOSE, TAG_OPEN, TAG_REQUEST, TAG_STATE, TAG_STATE_REPLY, Answers, Kind, Pending,
+from .state import ServerState
+from .slots import SlotClaim
+from .layout import (HIST_BINS, H_LEN, H_SLOT, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
+                     TAG_CLOSE, TAG_OPEN, TAG_REQUEST, Answers, Kind, Pending,
                      WindowSpec, _Windows, encode_request, shard_bounds)
 
 
-class WindowTransport(MetaAccess, Transport):
+class WindowTransport(MetaAccess, ServerState, Transport):
     """The worker side: pull the global weights, push deltas or gradients, read versions.
 
     Opening is collective over the whole job (every worker constructs it, every server serves);
@@ -31,7 +33,7 @@ class WindowTransport(MetaAccess, Transport):
     closes_collectively = True
 
     def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
-                 wire: str = "fp32"):
+                 wire: str = "fp32", slots: int = 0, outbox: bool = True):
         super().__init__()
         from mpi4py import MPI
 
@@ -41,13 +43,15 @@ class WindowTransport(MetaAccess, Transport):
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if wire not in ("fp32", "fp16") or (wire == "fp16" and mode != "mailbox"):
             raise ValueError(f"wire must be 'fp32' (or 'fp16' in mailbox mode), got {wire!r} in {mode} mode")
+        if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 0:
+            raise ValueError(f"slots must be an integer >= 0 (0: one inbox slot per worker), got {slots!r}")
         if comms.servers < 1:
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
                                f"this job has none: call hvd_async.init(servers=1) (or more) and "
                                f"launch at least one extra process for each server")
         self._MPI = MPI
         self.spec = WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
-                               dict(options or {}), wire)
+                               dict(options or {}), wire, int(slots), bool(outbox))
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
         self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
@@ -81,6 +85,8 @@ class WindowTransport(MetaAccess, Transport):
         self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
+        self._claim = SlotClaim(self.comm, self.spec) if self.spec.pooled else None
+        self.slot_waits = 0  # pushes that found every inbox slot of a shard taken and waited
         from ..trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
 
         self._trace = Tracer.from_env(self._rank, algorithm, mode)
@@ -308,7 +314,8 @@ class WindowTransport(MetaAccess, Transport):
                       payload: Optional[Dict[int, float]] = None) -> Pending:
         """Send a mailbox request to every shard's server (mailbox mode).
 
-        ``Kind.PUSH`` puts ``grad`` into this worker's inbox slots first; ``Kind.PUSH`` and
+        ``Kind.PUSH`` puts ``grad`` into this worker's inbox slots first (with a pool of fewer slots
+        than workers, a slot claimed on each shard: :class:`~.slots.SlotClaim`); ``Kind.PUSH`` and
         ``Kind.PULL`` are answered, and ``wait()`` then gets the weights the server left in this
         worker's outbox slots into ``out`` (unless ``out`` is None) and returns the
         :class:`Answers`. ``Kind.IDLE`` / ``Kind.RESUME`` (this worker stops / starts pushing for a
@@ -322,11 +329,17 @@ class WindowTransport(MetaAccess, Transport):
             raise RuntimeError(f"{self.spec.algorithm!r} adds deltas into the weights directly: use accumulate()")
         MPI = self._MPI
         answered = kind.answered
+        slots = None  # {shard: claimed slot} (a pool); else each worker's own slot
+        into_inbox = kind is Kind.PULL and not self.spec.outbox  # the copy comes back in the inbox slot
+        if self._claim is not None and (kind is Kind.PUSH or into_inbox):
+            slots = self._claim.claim([k for k, _ in enumerate(self.bounds)])
+            self.slot_waits += self._claim.waited
         if kind is Kind.PUSH:
             if self._wire is not None:
                 grad = self._wire[0].copy_(grad)
             for k, part, (_, count, F) in self._slices(grad):
-                self._win.inbox.Put(part, k, target=(self._rank * count, count, F))
+                slot = self._rank if slots is None else slots[k]
+                self._win.inbox.Put(part, k, target=(slot * count, count, F))
             self._win.inbox.Flush_all()  # the gradient is at the server before the header says so
         final_out = out
         if self._wire is not None and out is not None:
@@ -337,6 +350,8 @@ class WindowTransport(MetaAccess, Transport):
         for k in range(self.servers):
             if answered:
                 requests.append(self.comm.Irecv(self._answers[k], source=k, tag=TAG_ANSWER))
+            if slots is not None:
+                self._header[H_SLOT] = slots[k]
             self.comm.Send(self._header, dest=k, tag=TAG_REQUEST)  # (blocking: the buffer is free again)
 
         def finish():
@@ -345,9 +360,12 @@ class WindowTransport(MetaAccess, Transport):
             MPI.Request.Waitall(requests)
             # (a plain Rget: the server wrote this slot before answering, and writes it again only
             # while serving this worker's next request; nobody accumulates into it)
-            gets = [self._win.outbox.Rget(part, k, target=(self._rank * count, count, F))
-                    for k, part, (_, count, F) in out_parts]
+            window = self._win.inbox if into_inbox else self._win.outbox  # (the outbox: this worker's slot)
+            at = slots if into_inbox and slots is not None else {k: self._rank for k in range(self.servers)}
+            gets = [window.Rget(part, k, target=(at[k] * count, count, F)) for k, part, (_, count, F) in out_parts]
             MPI.Request.Waitall(gets)
+            if into_inbox and slots is not None:
+                self._claim.release(slots)  # the pull's copy is read: the slot is free again
             if final_out is not out:
                 final_out.copy_(out)
             answers = Answers(self._answers.copy())
@@ -362,62 +380,6 @@ class WindowTransport(MetaAccess, Transport):
     def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> Answers:
         """Push ``grad`` (mailbox mode), wait for the servers' answers, get the new weights into ``out``."""
         return self.request_async(Kind.PUSH, grad=grad, out=out, payload=payload).wait()
-
-    # --- checkpoints ---------------------------------------------------------------------------
-    def server_state(self) -> List[Dict[str, Any]]:
-        """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
-        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``."""
-        self._check_idle()
-        self._send_hist()
-        for k in range(self.servers):
-            self.comm.send(("get", None), dest=k, tag=TAG_STATE)
-        return self._state_replies()
-
-    def _state_replies(self) -> List[Any]:
-        replies = [self.comm.recv(source=k, tag=TAG_STATE_REPLY) for k in range(self.servers)]
-        for status, value in replies:
-            if status != "ok":
-                raise RuntimeError(value)
-        return [value for _, value in replies]
-
-    def load_server_state(self, states: Sequence[Dict[str, Any]]) -> None:
-        """Put back what ``server_state`` returned (same number of servers, shard sizes and workers)."""
-        self._check_idle()
-        if not isinstance(states, (list, tuple)) or len(states) != self.servers:
-            got = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
-            raise ValueError(f"the saved server state has {got} shard(s), this job has {self.servers} "
-                             f"server(s); resume with --servers {got if isinstance(got, int) else '?'}")
-        for k, state in enumerate(states):
-            self.comm.send(("set", state), dest=k, tag=TAG_STATE)
-        try:
-            self._state_replies()
-        except RuntimeError as exc:
-            raise ValueError(str(exc)) from None
-
-    def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
-        """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
-        the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
-        one worker, ``tell_servers``), and ``close()`` will not join the windows' collective free,
-        which the dropped workers would never join (the job then ends with MPI_Abort)."""
-        self._check_idle()
-        self._workers_comm = comm
-        self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
-        self._watch.ignored |= set(self.dropped)
-        if tell_servers:
-            for k in range(self.servers):
-                self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
-            self._state_replies()
-
-    def local_state(self) -> Dict[str, Any]:
-        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
-        return {"versions": self._versions.tolist(), "latest_versions": self.latest_versions.tolist(),
-                "hist_due": self._hist_due.tolist(), "hist_pushes": self._hist_pushes}
-
-    def load_local_state(self, state: Dict[str, Any]) -> None:
-        self._versions[:] = state["versions"]
-        self.latest_versions[:] = state["latest_versions"]
-        self._hist_due[:] = np.asarray(state["hist_due"], dtype=np.int64)
-        self._hist_pushes = int(state["hist_pushes"])
 
     def close(self) -> None:
         """Collective over the job: finishes this worker's exchange in flight, tells the other workers it

@@ -9,28 +9,30 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .layout import (HIST_BINS, H_LEN, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
+from .layout import (HIST_BINS, H_LEN, Kind, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
                      META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
                      TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes, _window_array,
                      _Windows)
+from .slots import SlotPool
 
 logger = logging.getLogger("hvd_async.transport.window")
 
 
 class WidenedSlots:
-    """fp16 inbox slots read as fp32 tensors (``slots[m]``), for the server programs' arithmetic:
-    each read widens the slot as it is now into that worker's fp32 buffer (made at its first read and
-    kept, so that a push allocates nothing: a fresh 4-byte copy of a large model costs its pages'
-    first-touch faults, more than the copy)."""
+    """fp16 inbox slots read as fp32 tensors (``slots[s]``), for the server programs' arithmetic: each
+    read widens the slot as it is now into one fp32 buffer shared by every slot (made at the first read
+    and kept, so that a push allocates nothing: a fresh 4-byte copy of a large model costs its pages'
+    first-touch faults, more than the copy). A read is valid until the next one: a program takes each
+    gradient within ``on_request`` (it folds what it must keep into state of its own)."""
 
     def __init__(self, slots):
         self.slots = slots
-        self._wide = [None] * len(slots)
+        self._wide: Optional[torch.Tensor] = None
 
-    def __getitem__(self, worker: int) -> torch.Tensor:
-        if self._wide[worker] is None:
-            self._wide[worker] = torch.empty(self.slots[worker].shape, dtype=torch.float32)
-        return self._wide[worker].copy_(self.slots[worker])
+    def __getitem__(self, slot: int) -> torch.Tensor:
+        if self._wide is None:
+            self._wide = torch.empty(self.slots[slot].shape, dtype=torch.float32)
+        return self._wide.copy_(self.slots[slot])
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -45,8 +47,10 @@ class ServerProgram:
         self.host = host
 
     def on_request(self, worker: int, request: Request) -> None:
-        """One request (its ``kind``, and the ``payload`` the strategy wrote); the program answers
-        with ``host.answer`` where the kind is answered."""
+        """One request (its ``kind``, the ``payload`` the strategy wrote, a push's inbox ``slot``); the
+        program answers with ``host.answer`` where the kind is answered. A push's inbox slot is free for
+        other workers' pushes once this returns: a program that waits for more gradients before it
+        updates (softsync, backup-sgd) folds this one into state of its own here."""
         raise RuntimeError(f"server {self.host.shard}: {self.host.spec.algorithm} takes no mailbox "
                            f"requests (worker {worker})")
 
@@ -85,15 +89,18 @@ class ShardHost:
         self._win.lock_all()
         self.meta = _window_array(self._win.meta, spec.meta_len, np.int64)
         self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
-        n, w = self.numel, spec.workers
         if spec.mode == "mailbox":
-            inbox = torch.from_numpy(_window_array(self._win.inbox, n * w, spec.wire_dtype))
-            outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, spec.wire_dtype))
-            self.inbox = [inbox[m * n:(m + 1) * n] for m in range(w)]
-            self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+            n, w, k = self.numel, spec.workers, spec.inbox_slots
+            inbox = torch.from_numpy(_window_array(self._win.inbox, n * k, spec.wire_dtype))
+            self.inbox = self.inbox_raw = [inbox[s * n:(s + 1) * n] for s in range(k)]
+            self.outbox = None  # (no outbox: answers to pulls go back through the inbox slots)
+            if spec.outbox:
+                outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, spec.wire_dtype))
+                self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
             if spec.wire == "fp16":  # the programs compute in fp32: each gradient read widened
                 self.inbox = WidenedSlots(self.inbox)
         self._start_bookkeeping()
+        self.pool = SlotPool(comm, spec) if spec.pooled else None
         self.program = make_program(self)
 
     def _start_bookkeeping(self) -> None:
@@ -149,7 +156,8 @@ class ShardHost:
         self.meta[META_SUMS:META_COUNTER].view(np.float64)[:] += values
 
     def answer(self, worker: int, staleness: int, status: Status) -> None:
-        """Tell ``worker`` its outbox slot holds the weights of the current version."""
+        """Tell ``worker`` its outbox slot (for a pull without an outbox: the pull's inbox slot) holds the
+        weights of the current version."""
         self.sync()
         self._answer[:] = (self.version, staleness, self.meta[META_PUSHES], status)
         self.comm.Send(self._answer, dest=self.spec.servers + worker, tag=TAG_ANSWER)
@@ -179,6 +187,8 @@ class ShardHost:
             if tag == TAG_CLOSE:
                 self.comm.recv(source=source, tag=TAG_CLOSE)
                 self.closed.add(worker)
+                if self.pool is not None:
+                    self.pool.forget(worker)
                 if worker not in self.dropped:
                     self.program.on_leave(worker)
                     self.program.on_close(worker)
@@ -200,7 +210,15 @@ class ShardHost:
                 self._set_aside.discard(worker)
                 start = time.perf_counter()
                 self.sync()
-                self.program.on_request(worker, Request.decode(self._header, self.shard, worker))
+                request = Request.decode(self._header, self.shard, worker)
+                if request.kind is Kind.CLAIM:  # the pool's own requests: the program never sees them
+                    self.pool.claim(worker)
+                elif request.kind is Kind.RELEASE:
+                    self.pool.release(request.slot)
+                else:
+                    self.program.on_request(worker, request)
+                    if self.pool is not None and request.kind is Kind.PUSH:  # the gradient is taken
+                        self.pool.release(request.slot)
                 self.meta[META_BUSY_US] += int(1e6 * (time.perf_counter() - start))
             else:
                 raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
@@ -231,6 +249,8 @@ class ShardHost:
                                "without it", self.shard, worker)
                 self.dropped.add(worker)
                 self.closed.add(worker)
+                if self.pool is not None:
+                    self.pool.forget(worker)
                 self.program.on_leave(worker)
                 self.program.on_close(worker)
         return ("ok", None)
@@ -238,9 +258,10 @@ class ShardHost:
     def state_dict(self) -> Dict[str, Any]:
         """The shard as it stands: weights, meta counters, outbox slots and the program's state."""
         state = {"algorithm": self.spec.algorithm, "shard": self.shard, "workers": self.spec.workers,
-                 "weights": self.weights.clone(), "meta": torch.from_numpy(self.meta.copy()),
+                 "weights": self.weights.clone(),
+                 "meta": torch.from_numpy(self.meta.copy()),
                  "skipped_nonfinite": self.skipped_nonfinite}
-        if self.spec.mode == "mailbox":
+        if getattr(self, "outbox", None) is not None:  # (mailbox mode with an outbox)
             state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
         state["program"] = self.program.state_dict()
         return state
@@ -260,7 +281,7 @@ class ShardHost:
         self.meta[:] = state["meta"].numpy()
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self._seen_version = self.version
-        if self.spec.mode == "mailbox":
+        if getattr(self, "outbox", None) is not None and "outbox" in state:
             for slot, saved in zip(self.outbox, state["outbox"]):
                 slot.copy_(saved)
         self.program.load_state_dict(state["program"])

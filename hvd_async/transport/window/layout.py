@@ -9,9 +9,10 @@ import numpy as np
 
 __all__ = [  # what hvd_async.transport.window re-exports
     "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "SUMS", "META_SUMS",
-    "META_COUNTER", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_PAYLOAD", "PAYLOAD_LEN",
+    "META_COUNTER", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_SLOT", "H_PAYLOAD", "PAYLOAD_LEN",
     "H_LEN", "Kind", "Status", "Request", "Answers", "encode_request", "R_VERSION", "R_STALENESS", "R_PUSHES",
     "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
+    "TAG_GRANT",
     "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats", "Pending",
 ]
 
@@ -24,9 +25,10 @@ META_WRITING = META_COUNTER  # shards that rewrite the weights in place: see hvd
 META_TABLE = META_COUNTER + 1  # one float per worker (shard 0: publish_value, read_values)
 HIST_EVERY = 64  # an accumulate-mode worker adds its staleness counts to the servers' every so many pushes
 
-# header a worker sends with each mailbox request (float64): the kind, then a payload whose fields
-# (payload indices 0 .. PAYLOAD_LEN - 1) the algorithm's strategy and server program define between them
-H_KIND, H_PAYLOAD = 0, 1
+# header a worker sends with each mailbox request (float64): the kind, the inbox slot holding a push's
+# gradient (-1: the worker's own slot), then a payload whose fields (payload indices 0 .. PAYLOAD_LEN - 1)
+# the algorithm's strategy and server program define between them
+H_KIND, H_SLOT, H_PAYLOAD = 0, 1, 2
 PAYLOAD_LEN = 7
 H_LEN = H_PAYLOAD + PAYLOAD_LEN
 # the server's answer (float64)
@@ -36,10 +38,12 @@ R_VERSION, R_STALENESS, R_PUSHES, R_STATUS, R_LEN = range(5)
 class Kind(IntEnum):
     """What a mailbox request asks of a shard's server program."""
 
-    PUSH = 0    # the gradient is in the worker's inbox slots: apply it, answer with the weights
+    PUSH = 0    # the gradient is in the inbox slot the header names: apply it, answer with the weights
     PULL = 1    # answer with a copy of the current weights
     IDLE = 2    # the worker stops pushing for a while (not answered)
     RESUME = 3  # it pushes again (not answered)
+    CLAIM = 4   # a pool of inbox slots: grant this worker a free one (answered on TAG_GRANT, the host's)
+    RELEASE = 5  # a pool of inbox slots: the worker is done with the slot the header names (not answered)
 
     @property
     def answered(self) -> bool:
@@ -51,18 +55,20 @@ class Status(IntEnum):
 
     APPLIED = 0   # the push went into the weights
     SKIPPED = 1   # the push held NaN or infinity and was dropped
-    SNAPSHOT = 2  # a pull: the outbox slot holds a copy of the weights
+    SNAPSHOT = 2  # a pull: the outbox slot (without an outbox: the pull's inbox slot) holds a copy of the weights
     DROPPED = 3   # the push came late (backup-sgd): not applied; the outbox slot holds the current weights
 
 
 @dataclass(frozen=True)
 class Request:
-    """A mailbox request as a server program receives it (``on_request``): its kind and its payload,
+    """A mailbox request as a server program receives it (``on_request``): its kind, its payload,
     ``PAYLOAD_LEN`` floats whose fields the algorithm defines (its strategy writes them, its program
-    reads them, e.g. ``request.payload[F_LR]``); the transport only carries them."""
+    reads them, e.g. ``request.payload[F_LR]``; the transport only carries them), and for a push the
+    inbox slot its gradient is in (None: the worker's own, where each worker has one)."""
 
     kind: Kind
     payload: np.ndarray
+    slot: Optional[int] = None
 
     @classmethod
     def decode(cls, header: np.ndarray, shard: int, worker: int) -> "Request":
@@ -71,14 +77,18 @@ class Request:
         except ValueError:
             raise RuntimeError(f"server {shard}: unknown request kind {float(header[H_KIND]):g} "
                                f"from worker {worker}") from None
-        return cls(kind, header[H_PAYLOAD:].copy())
+        slot = int(header[H_SLOT])
+        return cls(kind, header[H_PAYLOAD:].copy(), worker if slot < 0 else slot)
 
 
-def encode_request(header: np.ndarray, kind: Kind, payload: Optional[Dict[int, float]]) -> None:
+def encode_request(header: np.ndarray, kind: Kind, payload: Optional[Dict[int, float]],
+                   slot: Optional[int] = None) -> None:
     """Write a request into ``header`` (H_LEN float64): ``payload`` is ``{field: value}`` with fields
-    from 0 to PAYLOAD_LEN - 1; unset fields are 0."""
+    from 0 to PAYLOAD_LEN - 1, unset fields 0; ``slot``: the inbox slot of a push's gradient (None: the
+    worker's own)."""
     header[:] = 0.0
     header[H_KIND] = kind
+    header[H_SLOT] = -1 if slot is None else slot
     for index, value in (payload or {}).items():
         if not 0 <= index < PAYLOAD_LEN:
             raise ValueError(f"payload field {index} is outside 0..{PAYLOAD_LEN - 1}")
@@ -119,6 +129,7 @@ TAG_ANSWER = 7103   # server -> worker: an answer
 TAG_CLOSE = 7104    # worker -> server: this worker closed the transport
 TAG_STATE = 7105    # worker -> server: ("get", None) or ("set", shard state), answered on TAG_STATE_REPLY
 TAG_STATE_REPLY = 7106
+TAG_GRANT = 7107    # server -> worker: the inbox slot a CLAIM was granted, and whether it had to queue
 
 MODES = ("accumulate", "mailbox")
 OSC_HINT = ("one-sided MPI windows could not be created: across hosts OpenMPI needs the UCX "
@@ -166,10 +177,22 @@ class WindowSpec:
     workers: int
     options: Dict[str, Any] = field(default_factory=dict)
     wire: str = "fp32"  # "fp16": the inbox and outbox slots (what crosses the network) in half precision
+    slots: int = 0  # inbox slots per shard (mailbox mode): 0, or at least the workers, is one per worker
+    outbox: bool = True  # False: no outbox; a pull's copy of the weights comes back in its inbox slot
 
     @property
     def wire_dtype(self):
         return np.float16 if self.wire == "fp16" else np.float32
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the inbox is a pool of fewer slots than workers, each claimed per push."""
+        return self.mode == "mailbox" and 0 < self.slots < self.workers
+
+    @property
+    def inbox_slots(self) -> int:
+        """Shard-sized inbox slots per shard (mailbox mode)."""
+        return self.slots if self.pooled else self.workers
 
     @property
     def meta_len(self) -> int:
@@ -220,8 +243,8 @@ class _Windows:
         mailbox = spec.mode == "mailbox"
         self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
         self.weights = _allocate(comm, n, np.float32)
-        self.inbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
-        self.outbox = _allocate(comm, n * spec.workers if mailbox else 0, spec.wire_dtype)
+        self.inbox = _allocate(comm, n * spec.inbox_slots if mailbox else 0, spec.wire_dtype)
+        self.outbox = _allocate(comm, n * spec.workers if mailbox and spec.outbox else 0, spec.wire_dtype)
 
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]

@@ -1,0 +1,69 @@
+"""The worker's side of the servers' state, over the control messages (``TAG_STATE``): every shard's
+whole state for a checkpoint and its restoration, this worker's own counters, and telling the servers
+to go on without workers that stopped. A base of
+:class:`~hvd_async.transport.window.client.WindowTransport`."""
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+from .layout import TAG_STATE, TAG_STATE_REPLY
+
+
+class ServerState:
+    """The transport provides ``comm``, ``servers``, ``_check_idle``, ``_send_hist``, ``_watch``, the
+    worker communicator and the version and staleness bookkeeping."""
+
+    def server_state(self) -> List[Dict[str, Any]]:
+        """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
+        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``."""
+        self._check_idle()
+        self._send_hist()
+        for k in range(self.servers):
+            self.comm.send(("get", None), dest=k, tag=TAG_STATE)
+        return self._state_replies()
+
+    def _state_replies(self) -> List[Any]:
+        replies = [self.comm.recv(source=k, tag=TAG_STATE_REPLY) for k in range(self.servers)]
+        for status, value in replies:
+            if status != "ok":
+                raise RuntimeError(value)
+        return [value for _, value in replies]
+
+    def load_server_state(self, states: Sequence[Dict[str, Any]]) -> None:
+        """Put back what ``server_state`` returned (same number of servers, shard sizes and workers)."""
+        self._check_idle()
+        if not isinstance(states, (list, tuple)) or len(states) != self.servers:
+            got = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
+            raise ValueError(f"the saved server state has {got} shard(s), this job has {self.servers} "
+                             f"server(s); resume with --servers {got if isinstance(got, int) else '?'}")
+        for k, state in enumerate(states):
+            self.comm.send(("set", state), dest=k, tag=TAG_STATE)
+        try:
+            self._state_replies()
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
+
+    def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
+        """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
+        the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
+        one worker, ``tell_servers``), and ``close()`` will not join the windows' collective free,
+        which the dropped workers would never join (the job then ends with MPI_Abort)."""
+        self._check_idle()
+        self._workers_comm = comm
+        self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
+        self._watch.ignored |= set(self.dropped)
+        if tell_servers:
+            for k in range(self.servers):
+                self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
+            self._state_replies()
+
+    def local_state(self) -> Dict[str, Any]:
+        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
+        return {"versions": self._versions.tolist(), "latest_versions": self.latest_versions.tolist(),
+                "hist_due": self._hist_due.tolist(), "hist_pushes": self._hist_pushes}
+
+    def load_local_state(self, state: Dict[str, Any]) -> None:
+        self._versions[:] = state["versions"]
+        self.latest_versions[:] = state["latest_versions"]
+        self._hist_due[:] = np.asarray(state["hist_due"], dtype=np.int64)
+        self._hist_pushes = int(state["hist_pushes"])
