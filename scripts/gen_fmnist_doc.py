@@ -35,6 +35,7 @@ the protocol under contention, not a cluster. The grid may run in parts; each re
 commit all of its runs come from.
 """
 ABORTED = "convergence_fmnist_straggler_aborted.json"  # a first attempt, stopped: see the note below it
+EXCLUDED = "convergence_fmnist_excluded.json"  # runs taken out of a grid record, each with why
 
 
 def _pct(x):
@@ -103,6 +104,11 @@ def render() -> str:
                      + (f"with no other job on the machine (`{RECORDS[0][0]}`, above; single-process unit tests ran "
                         f"beside it at the lowest priority, `nice 19`, about four of its 32 minutes).\n"
                         if load_record(RECORDS[0][0]) is not None else "on a quiet machine.\n"))
+    excluded = load_record(EXCLUDED)
+    if excluded is not None:
+        for run in excluded["runs"]:
+            parts.append(f"`benchmarks/results/{EXCLUDED}` holds {run['setting']} {run['algo']} seed {run['seed']}'s "
+                         f"first attempt, taken out of `{excluded['from']}`: {excluded['why']}\n")
     return "\n".join(parts)
 
 
