@@ -29,11 +29,16 @@ def staleness_scaled_mean_(grads: Sequence[torch.Tensor], staleness: Sequence[in
                          f"{len(grads)} gradient(s) and {len(staleness)} staleness value(s)")
     out.zero_()
     for grad, tau in zip(grads, staleness):
-        if scale and tau > 1:
-            out.add_(grad, alpha=1.0 / staleness_divisor(tau))
-        else:
-            out.add_(grad)
+        _fold_(out, grad, tau, scale)
     return out.div_(len(grads))
+
+
+def _fold_(out: torch.Tensor, grad: torch.Tensor, staleness: int, scale: bool) -> None:
+    """``out += grad / max(1, tau)`` (``out += grad`` without ``scale``): one term of the mean."""
+    if scale and staleness > 1:
+        out.add_(grad, alpha=1.0 / staleness_divisor(staleness))
+    else:
+        out.add_(grad)
 
 
 class RunningMean:
@@ -50,10 +55,7 @@ class RunningMean:
     def add(self, grad: torch.Tensor, staleness: int = 0) -> None:
         if self.count == 0:
             self.total.zero_()
-        if self.scale and staleness > 1:
-            self.total.add_(grad, alpha=1.0 / staleness_divisor(staleness))
-        else:
-            self.total.add_(grad)
+        _fold_(self.total, grad, staleness, self.scale)
         self.count += 1
 
     def mean_(self) -> torch.Tensor:

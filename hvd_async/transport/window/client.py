@@ -332,7 +332,7 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         slots = None  # {shard: claimed slot} (a pool); else each worker's own slot
         into_inbox = kind is Kind.PULL and not self.spec.outbox  # the copy comes back in the inbox slot
         if self._claim is not None and (kind is Kind.PUSH or into_inbox):
-            slots = self._claim.claim([k for k, _ in enumerate(self.bounds)])
+            slots = self._claim.claim(range(self.servers))
             self.slot_waits += self._claim.waited
         if kind is Kind.PUSH:
             if self._wire is not None:
@@ -361,8 +361,9 @@ class WindowTransport(MetaAccess, ServerState, Transport):
             # (a plain Rget: the server wrote this slot before answering, and writes it again only
             # while serving this worker's next request; nobody accumulates into it)
             window = self._win.inbox if into_inbox else self._win.outbox  # (the outbox: this worker's slot)
-            at = slots if into_inbox and slots is not None else {k: self._rank for k in range(self.servers)}
-            gets = [window.Rget(part, k, target=(at[k] * count, count, F)) for k, part, (_, count, F) in out_parts]
+            claimed = into_inbox and slots is not None
+            gets = [window.Rget(part, k, target=((slots[k] if claimed else self._rank) * count, count, F))
+                    for k, part, (_, count, F) in out_parts]
             MPI.Request.Waitall(gets)
             if into_inbox and slots is not None:
                 self._claim.release(slots)  # the pull's copy is read: the slot is free again

@@ -258,10 +258,9 @@ class ShardHost:
     def state_dict(self) -> Dict[str, Any]:
         """The shard as it stands: weights, meta counters, outbox slots and the program's state."""
         state = {"algorithm": self.spec.algorithm, "shard": self.shard, "workers": self.spec.workers,
-                 "weights": self.weights.clone(),
-                 "meta": torch.from_numpy(self.meta.copy()),
+                 "weights": self.weights.clone(), "meta": torch.from_numpy(self.meta.copy()),
                  "skipped_nonfinite": self.skipped_nonfinite}
-        if getattr(self, "outbox", None) is not None:  # (mailbox mode with an outbox)
+        if self.spec.mode == "mailbox" and self.spec.outbox:
             state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
         state["program"] = self.program.state_dict()
         return state
@@ -281,7 +280,7 @@ class ShardHost:
         self.meta[:] = state["meta"].numpy()
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self._seen_version = self.version
-        if getattr(self, "outbox", None) is not None and "outbox" in state:
+        if self.spec.mode == "mailbox" and self.spec.outbox and "outbox" in state:
             for slot, saved in zip(self.outbox, state["outbox"]):
                 slot.copy_(saved)
         self.program.load_state_dict(state["program"])
