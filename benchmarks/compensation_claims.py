@@ -34,7 +34,7 @@ def parse_args(argv=None):
     p.add_argument("--compute-ms", type=float, default=10.0, help="injected compute per step")
     p.add_argument("--stragglers", default="1=2,2=4", help="hetero: WORKER=FACTOR list")
     p.add_argument("--hetero-workers", type=int, default=4)
-    p.add_argument("--seeds", default="0,1", help="seeds (comma-separated), each a full set of runs")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="seeds (comma-separated), each a full set of runs")
     p.add_argument("--outdir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
     args.worker_counts = [int(w) for w in args.workers_list.split(",") if w]

@@ -7,6 +7,9 @@ import glob
 import json
 import os
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REAL_RECORDS = ("overlap_accuracy", "overlap_throughput", "overlap_budget", "compensation_delay",
+                "compensation_hetero", "scaling_scaling")  # the real runs the parts' real checks read
 ORDER = ("odsgd", "compensation", "compensation_teacher", "scaling", "scaling_teacher", "hetero", "hpsgd")
 MARK = {"reproduced": "**reproduced**", "partly": "**partly reproduced**", "not": "**not reproduced**"}
 
@@ -61,6 +64,25 @@ def _section(summary: dict, image: str, page_dir: str) -> str:
     return "\n".join(out)
 
 
+def _commits(parts) -> str:
+    """Which commit each simulated part and each real record (benchmarks/results/, where the real checks read
+    them) came from, and whether its tree was clean."""
+    def word(prov):
+        return "no provenance" if not prov else (f"{str(prov['commit'])[:7]}"
+                                                 + ("" if prov.get("tree_clean") else " (tree not clean)"))
+
+    sim = sorted({word(s.get("provenance")) for s, _ in parts})
+    real = []
+    for name in REAL_RECORDS:
+        path = os.path.join(RESULTS, f"{name}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            real.append(f"{name}.json {word(record.get('provenance'))}")
+    return (f"Commits: the simulated parts {', '.join(sim)}; the real records "
+            + (", ".join(real) if real else "none found") + ".")
+
+
 def write_page(out: str, page: str, *, quick: bool = False) -> str:
     """Write the page for every reproduce_<part>.json in ``out`` to ``page``; returns its text."""
     parts = _load(out)
@@ -81,10 +103,11 @@ def write_page(out: str, page: str, *, quick: bool = False) -> str:
             "otherwise (the compensation parts: push rate full, momentum 0). Claims about real wall-clock speed are "
             "checked against the real runs in `benchmarks/results/`, cited with their numbers, and a real "
             "check that fails makes the part at most partly reproduced. Numbers are means over five seeds with "
-            "[min-max]; every check uses one margin, 1 point of test accuracy (3.6 of digits' 360 test "
-            "images), and was written before the runs. A run whose mean training loss left the finite "
+            "[min-max]; the real checks' records hold five seeds or repeats each, given with their spread; every "
+            "check uses one margin, 1 point of test accuracy (3.6 of digits' 360 test images), and is the code of "
+            "the commit its runs record, committed before they ran. A run whose mean training loss left the finite "
             "range or passed twice the chance-level loss stopped as diverged and scores chance accuracy.", "",
-            "| claim | verdict |", "|---|---|"]
+            _commits(parts), "", "| claim | verdict |", "|---|---|"]
     head += [f"| [{s['title']}](#{_anchor(s['title'])}) | {s['verdict']} |" for s, _ in parts]
     text = "\n".join(head + [""] + [_section(s, img, page_dir) for s, img in parts])
     os.makedirs(page_dir, exist_ok=True)
