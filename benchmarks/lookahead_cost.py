@@ -40,7 +40,7 @@ class _Shard:
     """What a server program reads and calls on its shard host, in memory."""
 
     def __init__(self, numel: int, wire: str = "fp32"):
-        self.spec = SimpleNamespace(workers=WORKERS)
+        self.spec = SimpleNamespace(workers=WORKERS, outbox=True)
         dtype = torch.float16 if wire == "fp16" else torch.float32
         self.weights = torch.randn(numel)
         self.inbox = [(torch.randn(numel) * 1e-3).to(dtype) for _ in range(WORKERS)]

@@ -15,6 +15,7 @@ counts the pages of its own windows it touched (its shard's slots), which is wha
     python benchmarks/server_memory.py                          # every server-side algorithm at 2, 4, 8 workers
     python benchmarks/server_memory.py --algos dc-asgd --workers 2,4 --numel 4194304
     python benchmarks/server_memory.py --inbox-slots 2       # the mailbox algorithms with a pool of 2 inbox slots
+    python benchmarks/server_memory.py --algos dc-asgd,lc-asgd,softsync --inbox-slots 2 --shared-momentum
 """
 import argparse
 import json
@@ -39,20 +40,27 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
-def algorithm_options(algo: str, inbox_slots) -> dict:
-    """The options the job gives ``algo``: what it cannot do without, and ``inbox_slots`` where it has them."""
+def algorithm_options(algo: str, inbox_slots, shared_momentum: bool = False) -> dict:
+    """The options the job gives ``algo``: what it cannot do without, ``inbox_slots`` where it has them, and
+    with ``shared_momentum`` one momentum buffer on the servers where that is an option."""
     from dataclasses import fields
 
     from hvd_async import registry
+    from hvd_async.algorithms.softsync import MomentumOptions
 
+    cls = registry.strategy_class(algo).Options
     options = dict(OPTIONS.get(algo, {}))
-    names = {f.name for f in fields(registry.strategy_class(algo).Options)}
+    names = {f.name for f in fields(cls)}
     if inbox_slots is not None and "inbox_slots" in names:
         options["inbox_slots"] = inbox_slots
+    if shared_momentum and "server_momentum" in names:
+        options["server_momentum"] = "shared"
+    elif shared_momentum and issubclass(cls, MomentumOptions):  # softsync's own flag for it
+        options["momentum"] = "shared"
     return options
 
 
-def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None) -> None:
+def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, shared_momentum=False) -> None:
     """One rank of the job (under mpirun): serve, or train ``steps`` steps, then record the peak."""
     import atexit
 
@@ -70,7 +78,7 @@ def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None) 
     param = torch.nn.Parameter(torch.zeros(numel))
     opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=0.01, momentum=0.9),
                                   named_parameters=[("w", param)], algorithm=algo,
-                                  **algorithm_options(algo, inbox_slots))
+                                  **algorithm_options(algo, inbox_slots, shared_momentum))
     signal = torch.linspace(-1.0, 1.0, numel)
     for step in range(steps):
         opt.zero_grad()
@@ -84,14 +92,16 @@ def _write(out_dir: str, role: str, peak: int) -> None:
         json.dump({"peak_rss_bytes": peak}, f)
 
 
-def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inbox_slots=None) -> dict:
+def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inbox_slots=None,
+            shared_momentum=False) -> dict:
     """Peak resident bytes of the server and of worker 0 in one job."""
     from hvd_async.launcher import mpirun_command
 
     with tempfile.TemporaryDirectory() as out_dir:
         cmd = mpirun_command(workers + 1, [sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo,
                                            "--numel", str(numel), "--steps", str(steps), "--out-dir", out_dir]
-                             + ([] if inbox_slots is None else ["--inbox-slots", str(inbox_slots)]))
+                             + ([] if inbox_slots is None else ["--inbox-slots", str(inbox_slots)])
+                             + (["--shared-momentum"] if shared_momentum else []))
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -124,12 +134,14 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds before a job counts as hung")
     p.add_argument("--inbox-slots", type=int, default=None,
                    help="the mailbox algorithms' inbox slots per server (default: theirs)")
+    p.add_argument("--shared-momentum", action="store_true",
+                   help="one momentum buffer on the servers where that is an option (dc-asgd, lc-asgd, softsync)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "server_memory.json"), help="JSON path")
     p.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank_job:
-        rank_job(args.algos, args.numel, args.steps, args.out_dir, args.inbox_slots)
+        rank_job(args.algos, args.numel, args.steps, args.out_dir, args.inbox_slots, args.shared_momentum)
         return 0
     algos, counts = args.algos.split(","), [int(w) for w in args.workers.split(",")]
     unknown = [a for a in algos if a not in server_side]
@@ -140,8 +152,8 @@ def main(argv=None) -> int:
     for algo in algos:
         cells = []
         for workers in counts:
-            big = run_job(algo, workers, args.numel, args.steps, args.timeout, args.inbox_slots)
-            tiny = run_job(algo, workers, TINY, args.steps, args.timeout, args.inbox_slots)
+            big = run_job(algo, workers, args.numel, args.steps, args.timeout, args.inbox_slots, args.shared_momentum)
+            tiny = run_job(algo, workers, TINY, args.steps, args.timeout, args.inbox_slots, args.shared_momentum)
             copies = (big["server"] - tiny["server"]) / copy
             cells.append({"workers": workers, "server_peak_bytes": big["server"], "server_fixed_bytes": tiny["server"],
                           "server_copies": round(copies, 2),
@@ -153,7 +165,8 @@ def main(argv=None) -> int:
         rows[algo] = {"cells": cells, "copies_per_extra_worker": None if per_worker is None else round(per_worker, 2)}
         print(f"{algo:10s} copies per extra worker: {'-' if per_worker is None else f'{per_worker:.2f}'}", flush=True)
     write_record({"benchmark": "server_memory", "numel": args.numel, "copy_bytes": copy, "steps": args.steps,
-                  "workers": counts, "servers": 1, "inbox_slots": args.inbox_slots, "algorithms": rows}, args.out)
+                  "workers": counts, "servers": 1, "inbox_slots": args.inbox_slots,
+                  "shared_momentum": args.shared_momentum, "algorithms": rows}, args.out)
     print(f"written: {args.out}")
     return 0
 

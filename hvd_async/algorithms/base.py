@@ -66,6 +66,12 @@ class Strategy(abc.ABC):
         self.reported_loss = None  # the mini-batch loss given to the next step() (lc-asgd sends it)
 
     @classmethod
+    def outbox_for(cls, options) -> bool:
+        """Whether the servers keep an outbox under these options (``keeps_outbox``, unless an option
+        makes the answers the same for every worker: softsync's shared momentum)."""
+        return cls.keeps_outbox
+
+    @classmethod
     def check_optimizer(cls, optimizer) -> None:
         """Raise if this algorithm cannot run with ``optimizer`` (called before any exchange opens)."""
 

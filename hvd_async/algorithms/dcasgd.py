@@ -12,7 +12,7 @@ from ..rules import DCRule
 from ..transport import window as W
 from .compensation import Compensation, PushClip, PushClipOption
 from .flat import tensors_copy
-from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, check_choice
+from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
@@ -35,9 +35,10 @@ class CompensateOption(OptionGroup):
 
 
 @dataclass
-class DCASGDOptions(PushClipOption, CompensateOption, LookaheadOption, PushRate, InboxSlots, Compression,
-                    Compensation):
-    """dc-asgd's options: the compensation, compression, push rate, look-ahead, compensate, push clip."""
+class DCASGDOptions(ServerMomentum, PushClipOption, CompensateOption, LookaheadOption, PushRate, InboxSlots,
+                    Compression, Compensation):
+    """dc-asgd's options: the compensation, compression, push rate, look-ahead, compensate, push clip,
+    the servers' momentum."""
 
 
 
@@ -71,6 +72,10 @@ class DCASGD(MailboxStrategy):
             pushes' gradient norms on the shard (decay 0.9) is scaled down to that bound (default
             1.5; 0: never): one push far out of line with the others (a real push order can hold
             such bursts) cannot throw the weights off.
+        server_momentum: ``'per-worker'`` (default: each worker's pushes go through a momentum buffer of its
+            own, so a round of pushes makes one ssgd momentum step) or ``'shared'`` (one buffer every
+            push goes through, as MXNet's DC-ASGD keeps: the servers hold no momentum copy per worker;
+            the look-ahead is then ``w - lr * (m + m**2 + ... + m**P) * v``, P the workers pushing).
     """
 
     name = "dc-asgd"
@@ -114,8 +119,9 @@ class DCProgram(MailboxProgram):
         self.push_clip = PushClip(options.push_clip) if options.push_clip else None
         self.state = rule.init(self.host.weights)
         self.state.backup = self.host.outbox  # what each worker received: with the look-ahead, that point
-        self.momentum = [{} for _ in range(self.host.spec.workers)]  # one buffer per worker, as asgd's
-        self.lookahead = Lookahead(self.host.weights) if options.lookahead else None
+        shared = options.shared_momentum  # one buffer (MailboxProgram.sgd_state) for every push
+        self.momentum = None if shared else [{} for _ in range(self.host.spec.workers)]  # as asgd's workers
+        self.lookahead = Lookahead(self.host.weights, shared=shared) if options.lookahead else None
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         """The rule's compensated step; under ``compensate='uncovered'`` only for a push applied later
@@ -150,26 +156,49 @@ class DCProgram(MailboxProgram):
         held = self.held[worker]
         if not self.looks_ahead(payload.sgd_kwargs()):
             return held
-        others = sum(1 for k, state in enumerate(self.momentum)
-                     if k != worker and state.get("momentum_buffer") is not None)
+        if self.momentum is None:  # a shared buffer: the answer looked ahead over every worker pushing
+            others = len(self.active - {worker})
+        else:
+            others = sum(1 for k, state in enumerate(self.momentum)
+                         if k != worker and state.get("momentum_buffer") is not None)
         return min(self.host.version, held + others)
 
     def looks_ahead(self, kwargs) -> bool:
         """Whether this program answers a push with these SGD settings with the look-ahead point."""
         return self.lookahead is not None and Lookahead.applies(kwargs)
 
+    def buffer(self, worker) -> Dict:
+        """The SGD state ``worker``'s push steps through: its own, or the one shared by every push."""
+        return self.sgd_state if self.momentum is None else self.momentum[worker]
+
+    def ahead(self, worker, kwargs) -> Tuple[float, Optional[torch.Tensor]]:
+        """The look-ahead's step for this answer, and the buffer it multiplies (None: the per-worker
+        buffers' sum): 0 where the push is not answered ahead."""
+        if not self.looks_ahead(kwargs):
+            return 0.0, None
+        if self.momentum is not None:
+            return kwargs["lr"] * kwargs["momentum"], None
+        pushes = len(self.active)  # the other workers pushing, and this one's own next push
+        return Lookahead.shared_step(kwargs["lr"], kwargs["momentum"], pushes), self.sgd_state.get("momentum_buffer")
+
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        state.update(momentum=[tensors_copy(buf) for buf in self.momentum], rule=tensors_copy(self.state.saved()),
+        momentum = None if self.momentum is None else [tensors_copy(buf) for buf in self.momentum]
+        state.update(momentum=momentum, rule=tensors_copy(self.state.saved()),
                      push_clip_mean=self.push_clip.mean if self.push_clip else None)
         return state
 
     def load_state_dict(self, state: Dict) -> None:
+        if (state["momentum"] is None) != (self.momentum is None):
+            saved = "shared" if state["momentum"] is None else "per-worker"
+            raise ValueError(f"this checkpoint's servers kept {saved} momentum; resume with "
+                             f"--server-momentum {saved} (server_momentum={saved!r})")
         super().load_state_dict(state)
-        self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
+        if self.momentum is not None:
+            self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
         if self.push_clip is not None:
             self.push_clip.mean = state.get("push_clip_mean")
-        if self.lookahead is not None:
+        if self.lookahead is not None and self.momentum is not None:
             self.lookahead.rebuild(self.momentum)
         self.state.load(tensors_copy(state["rule"]))
 
@@ -184,7 +213,7 @@ class DCProgram(MailboxProgram):
             scale = self.push_clip.scale(whole if whole > 0 else grad_norm)
             if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
                 step = torch.mul(step, scale, out=self.state.scratch.take(grad, 1)[0])
-        kwargs, buffer = payload.sgd_kwargs(), self.momentum[worker]
+        kwargs, buffer = payload.sgd_kwargs(), self.buffer(worker)
         if self.lookahead is not None:
             self.lookahead.remove(buffer)
         self.sgd.apply_(self.host.weights, step, buffer, **kwargs)
@@ -194,7 +223,6 @@ class DCProgram(MailboxProgram):
         else:
             self.lookahead.add(buffer)
             self.snapshot(worker, copy=False)
-            ahead = kwargs["lr"] * kwargs["momentum"] if self.looks_ahead(kwargs) else 0.0
-            self.lookahead.answer(self.host.outbox[worker], self.host.weights, ahead)
+            self.lookahead.answer(self.host.outbox[worker], self.host.weights, *self.ahead(worker, kwargs))
         self.host.answer(worker, staleness, W.Status.APPLIED)
 

@@ -38,6 +38,11 @@ INBOX_SLOTS_DEFAULT = 8
 INBOX_SLOTS_HELP = ("inbox slots per server shard: a push claims a free one and the server frees it as soon as "
                     "it has taken the gradient, so the servers' inbox memory stops growing with the workers "
                     "past this many (0: one slot per worker, no claim)")
+SERVER_MOMENTA = ("per-worker", "shared")
+SERVER_MOMENTUM_HELP = ("where the servers keep the pushes' momentum (dc-asgd, lc-asgd): a buffer per worker "
+                        "(per-worker: a round of pushes makes one ssgd momentum step, and the look-ahead sums the "
+                        "buffers), or one buffer every push goes through (shared, as MXNet's DC-ASGD keeps: no "
+                        "momentum copy per worker on the servers; the look-ahead carries it over the next pushes)")
 COMPRESSION_DEFAULT = "none"
 COMPRESSION_HELP = ("'fp16': gradients and weights cross the network in half precision (the servers keep fp32 "
                     "weights and arithmetic)")
@@ -92,6 +97,23 @@ class WorkerLookaheadOption(LookaheadOption):
     """The look-ahead estimated on the workers (asgd, dbs-asgd): the same option, its own help."""
 
     lookahead: bool = option(LOOKAHEAD_DEFAULT, WORKER_LOOKAHEAD_HELP, flag="--lookahead", action="boolean")
+
+
+@dataclass
+class ServerMomentum(OptionGroup):
+    """Where a server program keeps momentum: a buffer per worker, or one shared by every push."""
+
+    server_momentum: str = option("per-worker", SERVER_MOMENTUM_HELP, flag="--server-momentum",
+                                  choices=SERVER_MOMENTA)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("server_momentum", self.server_momentum, SERVER_MOMENTA, "'per-worker' (one buffer per "
+                     "worker on the servers) or 'shared' (one buffer every push goes through)")
+
+    @property
+    def shared_momentum(self) -> bool:
+        return self.server_momentum == "shared"
 
 
 @dataclass

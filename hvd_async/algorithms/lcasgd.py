@@ -11,7 +11,7 @@ from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .compensation import Compensation, PushClipOption, distance_sq
 from .dcasgd import DCASGD, DCPayload, DCProgram
-from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate
+from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum
 
 
 @dataclass
@@ -31,10 +31,10 @@ class LossPredictionOptions(OptionGroup):
 
 
 @dataclass
-class LCASGDOptions(PushClipOption, LookaheadOption, PushRate, InboxSlots, Compression, LossPredictionOptions,
-                    Compensation):
+class LCASGDOptions(ServerMomentum, PushClipOption, LookaheadOption, PushRate, InboxSlots, Compression,
+                    LossPredictionOptions, Compensation):
     """lc-asgd's options: dc-asgd's compensation, the loss prediction, compression, push rate,
-    look-ahead and push clip."""
+    look-ahead, push clip and the servers' momentum."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -76,7 +76,7 @@ class LCASGD(DCASGD):
     ``loss_term`` (False: exactly dc-asgd), ``predictor`` (``"linear"``: a weighted fit of log-loss against
     version; ``"mlp"``: a tiny network trained online), ``predictor_options``, ``floor`` (the loss's
     lower bound, 0), ``r_min``/``r_max`` (clip of ``r``, 0.25 and 1), ``min_history`` (4);
-    dc-asgd's ``lookahead`` (True).
+    dc-asgd's ``lookahead`` (True) and ``server_momentum`` ('per-worker').
     """
 
     name = "lc-asgd"

@@ -122,7 +122,7 @@ class PSStrategy(Strategy):
                                  options=cls.server_options(options),
                                  wire=options.wire() if isinstance(options, Compression) else "fp32",
                                  slots=options.slots(comms.group.size) if isinstance(options, InboxSlots) else 0,
-                                 outbox=cls.keeps_outbox)
+                                 outbox=cls.outbox_for(options))
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
@@ -213,7 +213,12 @@ class MailboxStrategy(PSStrategy):
         return dataclasses.replace(hyper, lr=hyper.lr * self._scale)
 
     def _exchange(self, grad, loss) -> None:
-        answers = self.transport.push(grad, self.model.flat, self.payload(grad, loss).encode())
+        payload = self.payload(grad, loss).encode()
+        if self.transport.spec.outbox:
+            answers = self.transport.push(grad, self.model.flat, payload)
+        else:  # the answer says the weights are ready: read them (guarded: a later update may be writing)
+            answers = self.transport.request_async(W.Kind.PUSH, grad=grad, payload=payload).wait()
+            self.transport.pull(self.model.flat, guarded=True)
         self.model.load_params()
         self._count(answers)
         self.global_pushes = answers.pushes

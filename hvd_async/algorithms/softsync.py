@@ -100,6 +100,13 @@ class SoftSync(MailboxStrategy):
             raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
 
     @classmethod
+    def outbox_for(cls, options) -> bool:
+        """An outbox only for the per-worker look-ahead, whose answer differs per worker, or under fp16
+        compression (the answer crosses in half precision; the weights window is fp32); otherwise every
+        pusher reads the weights window after its answer, and the servers hold no copy per worker."""
+        return (options.momentum == "per-worker" and options.lookahead) or options.compression == "fp16"
+
+    @classmethod
     def server_program(cls, host):
         return SoftSyncProgram(host, cls.server_spec(host))
 
@@ -113,6 +120,7 @@ class SoftSyncProgram(MailboxProgram):
 
     def __init__(self, host, options: SoftSyncOptions):
         super().__init__(host)
+        self.outbox_on_push = self.outbox_on_push and host.spec.outbox
         self.c = max(1, host.spec.workers // options.n)
         self.scale = options.staleness_lr
         momentum, lookahead = options.momentum, options.lookahead

@@ -67,7 +67,7 @@ class Cluster:
             cls.resolve_options(options, args.workers)  # before the servers open
             server_options = cls.server_options(options)
             spec = W.WindowSpec(args.algo, cls.mode, numel, args.servers,
-                                args.workers, server_options)
+                                args.workers, server_options, outbox=cls.outbox_for(options))
             self.servers = SimServers(spec, cls.server_program)
         elif self.strategy_cls.peer_windows:
             self.peers = PeerWindows(args.workers, numel)

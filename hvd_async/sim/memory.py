@@ -97,7 +97,7 @@ def shard_copies(algo: str, workers: int, options: Optional[Dict[str, Any]] = No
     names = {field.name for field in dataclasses.fields(opts)}
     specs = [W.WindowSpec(algo, cls.mode, n, 1, workers, cls.server_options(opts),
                           opts.wire() if "compression" in names else "fp32",
-                          opts.slots(workers) if "inbox_slots" in names else 0, cls.keeps_outbox)
+                          opts.slots(workers) if "inbox_slots" in names else 0, cls.outbox_for(opts))
              for n in SIZES]
     grown = _program_bytes(cls, specs[1]) - _program_bytes(cls, specs[0])
     program = grown / (4.0 * (SIZES[1] - SIZES[0]))

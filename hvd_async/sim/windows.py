@@ -209,7 +209,9 @@ class SimWindowTransport(W.WindowTransport):
         self.pull(flat)
         self.barrier()
 
-    def pull(self, flat: torch.Tensor, *, after_push: bool = False) -> np.ndarray:
+    def pull(self, flat: torch.Tensor, *, after_push: bool = False, guarded: bool = False) -> np.ndarray:
+        """(``guarded``: the real read's check against a server's write in progress; here every read is
+        whole, so it reads as any other.)"""
         self._check_idle()
         parts = self._parts(flat)
         self.net.exchange(self._rank)

@@ -146,26 +146,37 @@ def dc_formula():
     workers, numel, rounds = ha.size(), 37, 5
     init = torch.linspace(-1, 1, numel)
     grads = _sequence(numel, rounds * workers, integer=False)
-    for lam, adaptive, momentum, lookahead in ((0.5, False, 0.0, False), (0.3, True, 0.0, False),
-                                               (0.5, False, 0.5, False), (0.5, False, 0.5, True)):
+    for lam, adaptive, momentum, lookahead, kept in ((0.5, False, 0.0, False, "per-worker"),
+                                                     (0.3, True, 0.0, False, "per-worker"),
+                                                     (0.5, False, 0.5, False, "per-worker"),
+                                                     (0.5, False, 0.5, True, "per-worker"),
+                                                     (0.5, False, 0.5, False, "shared"),
+                                                     (0.5, True, 0.5, True, "shared")):
         got = _run("dc-asgd", init, grads, lr=0.1, momentum=momentum, rounds=rounds, lam=lam,
-                   adaptive=adaptive, ms_momentum=0.9, lookahead=lookahead)
+                   adaptive=adaptive, ms_momentum=0.9, lookahead=lookahead, server_momentum=kept)
         # by hand, in float64: w <- w - lr * buf_m, buf_m <- mom * buf_m + g + lam_t * g * g * (w - bak_m);
-        # the backup is what worker m received: w, or with the look-ahead w - lr * mom * sum_k buf_k
+        # the backup is what worker m received: w, or with the look-ahead w - lr * mom * sum_k buf_k.
+        # One shared buffer: every m steps buf_0, and the look-ahead is w - lr * (mom + ... + mom**W) * buf_0
         w = init.double().numpy().copy()
         backup = [w.copy() for _ in range(workers)]
         buf = [np.zeros(numel) for _ in range(workers)]
         ms = np.zeros(numel)
         for turn, g in enumerate(grads):
             m, g = turn % workers, g.double().numpy()
+            b = 0 if kept == "shared" else m
             ms = 0.9 * ms + 0.1 * g * g
             lam_t = lam / np.sqrt(ms + 1e-7) if adaptive else lam
-            buf[m] = momentum * buf[m] + g + lam_t * g * g * (w - backup[m])
-            w = w - 0.1 / workers * buf[m]  # push_rate 'average' (the default): lr / workers per push
-            backup[m] = w - 0.1 / workers * momentum * sum(buf) if lookahead else w.copy()
+            buf[b] = momentum * buf[b] + g + lam_t * g * g * (w - backup[m])
+            w = w - 0.1 / workers * buf[b]  # push_rate 'average' (the default): lr / workers per push
+            if not lookahead:
+                backup[m] = w.copy()
+            elif kept == "shared":
+                backup[m] = w - 0.1 / workers * sum(momentum ** j for j in range(1, workers + 1)) * buf[0]
+            else:
+                backup[m] = w - 0.1 / workers * momentum * sum(buf)
         check(np.allclose(got.double().numpy(), w, rtol=1e-5, atol=1e-5),
-              f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum} lookahead={lookahead}: max error "
-              f"{np.abs(got.double().numpy() - w).max()}")
+              f"dc-asgd lam={lam} adaptive={adaptive} momentum={momentum} lookahead={lookahead} {kept}: max "
+              f"error {np.abs(got.double().numpy() - w).max()}")
 
 
 def lc_formula():

@@ -146,7 +146,7 @@ class _Host:  # what a server program reads and calls on its shard, in memory
     def __init__(self, workers=2, numel=16):
         from types import SimpleNamespace
 
-        self.spec = SimpleNamespace(workers=workers)
+        self.spec = SimpleNamespace(workers=workers, outbox=True)
         self.weights, self.version = torch.randn(numel), 0
         self.outbox = [torch.zeros(numel) for _ in range(workers)]
 

@@ -28,6 +28,16 @@ def test_a_pool_of_slots_stops_the_inbox_growing():
     assert at("softsync", 16, inbox_slots=4) - at("softsync", 8, inbox_slots=4) == 8 * 2
 
 
+def test_shared_momentum_leaves_only_the_backups_growing():
+    """Past a pool of 2 slots: dc-asgd and lc-asgd keep one backup per worker and no momentum copy;
+    softsync, answering through the weights window, keeps nothing per worker."""
+    at = lambda algo, w, **o: shard_copies(algo, w, dict(inbox_slots=2, **o))["total"]  # noqa: E731
+    for algo in ("dc-asgd", "lc-asgd"):
+        assert at(algo, 8, server_momentum="shared") - at(algo, 4, server_momentum="shared") == pytest.approx(4.0)
+        assert at(algo, 8) - at(algo, 4) == pytest.approx(8.0)  # (per-worker: the momentum copies too)
+    assert at("softsync", 8, momentum="shared") == pytest.approx(at("softsync", 4, momentum="shared"))
+
+
 @pytest.mark.parametrize("workers", [2, 6])
 def test_fp16_slots_save_half_a_copy_each_and_widen_into_one_buffer(workers):
     """Half-size slots, one shared fp32 widening buffer (not one per worker) and the rule's one kept

@@ -24,7 +24,7 @@ class FakeHost:
     """What a server program reads and calls on its shard host, in memory."""
 
     def __init__(self, weights):
-        self.spec = SimpleNamespace(workers=WORKERS)
+        self.spec = SimpleNamespace(workers=WORKERS, outbox=True)
         self.weights = weights.clone()
         self.inbox = [torch.zeros(N) for _ in range(WORKERS)]
         self.outbox = [torch.zeros(N) for _ in range(WORKERS)]
@@ -338,3 +338,74 @@ def test_the_snapshot_sends_no_unanswered_request_after_its_last_answered_one():
     requests = [c for c in calls[2:] if isinstance(c, W.Kind)]
     assert set(requests) == {W.Kind.RESUME, W.Kind.PULL}
     assert requests[-1].answered, f"unanswered {requests[-1].name} last before the barrier: {calls}"
+
+
+# --- one momentum buffer shared by every push (momentum='shared', dc-asgd and lc-asgd) -------------------
+
+def test_shared_momentum_steps_every_push_through_one_buffer():
+    """lam 0, no look-ahead: each push is ``v <- 0.9 v + (g + wd w)``, ``w <- w - lr v`` on one ``v``,
+    whichever worker pushed (per-worker buffers would keep four)."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(6))
+    dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, server_momentum="shared"))
+    reference, state = w0.clone(), {}
+    order = [0, 1, 0, 2, 3, 1]
+    rng = gradients(len(order), seed=7)
+    for i, worker in enumerate(order):
+        push(dc, worker, rng[i][worker])
+        SGDRule().apply_(reference, rng[i][worker], state, lr=0.1, momentum=0.9, weight_decay=0.01)
+        assert torch.equal(dc.host.outbox[worker], dc.host.weights)
+    assert dc.momentum is None and torch.equal(dc.host.weights, reference)
+
+
+def test_shared_momentum_looks_ahead_over_the_next_pushes():
+    """With the look-ahead, a push is answered with ``w - lr * (0.9 + 0.9**2 + ... + 0.9**P) * v``, P the
+    workers pushing; the servers' weights are those of the plain program."""
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(8))
+    ahead = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, server_momentum="shared", lookahead=True))
+    plain = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, server_momentum="shared"))
+    order = [0, 1, 0, 2, 3, 1, 2]
+    rng = gradients(len(order), seed=9)
+    for i, worker in enumerate(order):
+        push(ahead, worker, rng[i][worker])
+        push(plain, worker, rng[i][worker])
+        assert torch.equal(ahead.host.weights, plain.host.weights)
+        carried = 0.1 * sum(0.9 ** j for j in range(1, WORKERS + 1))  # every worker is pushing
+        expected = ahead.host.weights - carried * ahead.sgd_state["momentum_buffer"]
+        torch.testing.assert_close(ahead.host.outbox[worker], expected, rtol=0, atol=1e-6)
+    ahead.on_leave(3)  # worker 3 stops pushing (an IDLE request): P is 3
+    push(ahead, 0, torch.ones(N))
+    expected = ahead.host.weights - 0.1 * (0.9 + 0.81 + 0.729) * ahead.sgd_state["momentum_buffer"]
+    torch.testing.assert_close(ahead.host.outbox[0], expected, rtol=0, atol=1e-6)
+
+
+def test_shared_momentum_resumes_exactly_and_refuses_the_other_kind():
+    w0 = torch.randn(N, generator=torch.Generator().manual_seed(10))
+    options = dc_options(lam=2.0, adaptive=True, server_momentum="shared", lookahead=True)
+    first = DCProgram(FakeHost(w0), options)
+    for i, worker in enumerate([0, 1, 2, 0, 3]):
+        push(first, worker, gradients(5, seed=11)[i][worker])
+    saved = first.state_dict()
+    second = DCProgram(FakeHost(first.host.weights), options)
+    second.load_state_dict(saved)
+    second.host.version = first.host.version
+    for slot, kept in zip(second.host.outbox, first.host.outbox):  # (in place, as the host restores them)
+        slot.copy_(kept)
+    for program in (first, second):
+        push(program, 1, torch.ones(N))
+    assert torch.equal(first.host.weights, second.host.weights)
+    assert torch.equal(first.host.outbox[1], second.host.outbox[1])
+    per_worker = DCProgram(FakeHost(w0), dc_options(lam=2.0, adaptive=True, lookahead=True))
+    with pytest.raises(ValueError, match="--server-momentum shared"):
+        per_worker.load_state_dict(saved)
+
+
+def test_softsync_keeps_an_outbox_only_where_answers_differ_per_worker():
+    """The per-worker look-ahead answers each worker its own point; one shared buffer (or none ahead)
+    answers the weights themselves, which the pushers read from the weights window; fp16 keeps the
+    half-precision answer."""
+    from hvd_async.algorithms.softsync import SoftSync
+
+    assert SoftSync.outbox_for(SoftSyncOptions())
+    assert not SoftSync.outbox_for(SoftSyncOptions(momentum="shared"))
+    assert not SoftSync.outbox_for(SoftSyncOptions(lookahead=False))
+    assert SoftSync.outbox_for(SoftSyncOptions(momentum="shared", compression="fp16"))
