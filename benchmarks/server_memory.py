@@ -82,8 +82,9 @@ def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, 
     signal = torch.linspace(-1.0, 1.0, numel)
     for step in range(steps):
         opt.zero_grad()
-        (param * signal).sum().mul(1.0 + 0.1 * ha.rank() + 0.01 * step).backward()
-        opt.step()
+        loss = (param * signal).sum().mul(1.0 + 0.1 * ha.rank() + 0.01 * step)
+        loss.backward()
+        opt.step(loss=loss.item())  # (lc-asgd's pushes carry the loss; the others ignore it)
     opt.close()
 
 
