@@ -14,7 +14,9 @@ every check in this project), and no shared run diverged (final accuracy below 0
 A cell that fails says the shared buffer costs accuracy there; a change of default would need a new
 protocol (benchmarks/protocol.md) and fresh seeds, not this record alone.
 
-The record is written after every run (a rerun with the same ``--out`` skips the runs in it).
+The record is written after every run (a rerun with the same ``--out`` skips the runs in it, and the
+record's cells cover every run it holds); each run notes the commit it ran at. ``--summarize`` rewrites
+the cells from the runs already in ``--out`` and runs nothing.
 
     python benchmarks/server_momentum.py                    # 36 runs, about 40 minutes here
     python benchmarks/server_momentum.py --algos dc-asgd --workers 4 --seeds 1 --epochs 1 --out /tmp/m.json
@@ -25,7 +27,7 @@ import math
 import os
 import statistics
 
-from common import HERE, train_job, write_record
+from common import HERE, provenance, train_job, write_record
 
 RESERVED = "seeds 11-20 and >= 100 are kept for the final tables (issue 47)"
 FLAG = {"dc-asgd": "--server-momentum", "lc-asgd": "--server-momentum", "softsync": "--softsync-momentum"}
@@ -42,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="1,2,3", help=f"comma-separated run seeds ({RESERVED}: refused)")
     p.add_argument("--epochs", type=int, default=3, help="epochs of every run")
     p.add_argument("--out", default=os.path.join(HERE, "results", "server_momentum_val.json"))
+    p.add_argument("--summarize", action="store_true", help="rewrite the record's cells from its runs; run nothing")
+    p.add_argument("--note", default=None, help="a line the record keeps (where its runs came from)")
     args = p.parse_args(argv)
     args.algos = [a for a in args.algos.split(",") if a]
     args.workers = [int(v) for v in args.workers.split(",") if v]
@@ -61,11 +65,12 @@ def diverged(run) -> bool:
     return run["val_accuracy"] < DIVERGED_BELOW or not math.isfinite(run["train_loss"])
 
 
-def verdicts(runs, args) -> dict:
-    """Per cell ``algo/workers``: each variant's accuracies, mean and spread, and the criterion's verdict."""
+def verdicts(runs) -> dict:
+    """Per cell ``algo/workers`` of the runs: each variant's accuracies, mean and spread, and the criterion's
+    verdict where both variants ran on the same seeds."""
     cells = {}
-    for algo in args.algos:
-        for workers in args.workers:
+    for algo in sorted({r["algo"] for r in runs}):
+        for workers in sorted({r["workers"] for r in runs if r["algo"] == algo}):
             cell = {}
             for variant in VARIANTS:
                 mine = [r for r in runs if (r["algo"], r["workers"], r["momentum"]) == (algo, workers, variant)]
@@ -74,8 +79,7 @@ def verdicts(runs, args) -> dict:
                                  "mean": round(statistics.mean(accs), 4) if accs else None,
                                  "min": min(accs, default=None), "max": max(accs, default=None),
                                  "diverged": sum(diverged(r) for r in mine)}
-            whole = all(len(cell[v]["val_accuracy"]) == len(args.seeds) for v in VARIANTS)
-            if whole:
+            if cell["shared"]["seeds"] and sorted(cell["shared"]["seeds"]) == sorted(cell["per-worker"]["seeds"]):
                 gap = cell["shared"]["mean"] - cell["per-worker"]["mean"]
                 cell["gap_points"] = round(100 * gap, 2)
                 cell["passes"] = gap >= -MARGIN and cell["shared"]["diverged"] == 0
@@ -90,28 +94,38 @@ def main(argv=None):
         with open(args.out) as f:
             runs = json.load(f).get("runs", [])
     plan = [(w, s, a, v) for w in args.workers for s in args.seeds for a in args.algos for v in VARIANTS]
+    note = args.note
+    if note is None and os.path.isfile(args.out):
+        with open(args.out) as f:
+            note = json.load(f).get("note")
+    commit = provenance()["commit"]
+
+    def save():
+        write_record({"what": "the servers' momentum, one buffer shared by every push against one per worker, "
+                              "scored on Fashion-MNIST's validation split only",
+                      "criterion": f"per cell: shared's mean final validation accuracy >= per-worker's mean - "
+                                   f"{MARGIN:g}, and no shared run below {DIVERGED_BELOW} or with a non-finite loss",
+                      "settings": {"dataset": "fashion-mnist", "model": "lenet (the dataset's default)",
+                                   "servers": 1, "epochs": args.epochs, "evaluated_on": "val"},
+                      "note": note, "runs": runs, "cells": verdicts(runs)}, args.out)
+
+    if args.summarize:
+        save()
+        plan = []
     for i, (workers, seed, algo, variant) in enumerate(plan):
         if any((r["algo"], r["workers"], r["seed"], r["momentum"]) == (algo, workers, seed, variant) for r in runs):
             continue
         record = train_job(["--algo", algo, "--dataset", "fashion-mnist", "--eval-on", "val", "--np", workers + 1,
                             "--servers", 1, "--epochs", args.epochs, "--seed", seed, FLAG[algo], variant])
         assert record["evaluated_on"] == "val", record.get("evaluated_on")
-        runs.append({"algo": algo, "workers": workers, "seed": seed, "momentum": variant,
+        runs.append({"algo": algo, "workers": workers, "seed": seed, "momentum": variant, "commit": commit,
                      "val_accuracy": record["final_test_accuracy"], "train_loss": record["final_train_loss"],
                      "wall_seconds": record["wall_seconds"],
                      "val_accuracy_by_epoch": [h["test_accuracy"] for h in record["history"]]})
-        cells = verdicts(runs, args)
-        write_record({"what": "the servers' momentum, one buffer shared by every push against one per worker, "
-                              "scored on Fashion-MNIST's validation split only",
-                      "criterion": f"per cell: shared's mean final validation accuracy >= per-worker's mean - "
-                                   f"{MARGIN:g}, and no shared run below {DIVERGED_BELOW} or with a non-finite loss",
-                      "settings": {"dataset": "fashion-mnist", "model": "lenet (the dataset's default)",
-                                   "servers": 1, "epochs": args.epochs, "evaluated_on": "val",
-                                   "algos": args.algos, "workers": args.workers, "seeds": args.seeds},
-                      "runs": runs, "cells": cells}, args.out)
+        save()
         print(f"[{i + 1}/{len(plan)}] {algo} {workers} workers seed {seed} momentum {variant}: "
               f"val accuracy {runs[-1]['val_accuracy']:.4f} ({runs[-1]['wall_seconds']:.0f} s)", flush=True)
-    for name, cell in verdicts(runs, args).items():
+    for name, cell in verdicts(runs).items():
         if "passes" in cell:
             print(f"{name}: per-worker {cell['per-worker']['mean']:.4f} [{cell['per-worker']['min']:.4f}-"
                   f"{cell['per-worker']['max']:.4f}], shared {cell['shared']['mean']:.4f} "
