@@ -211,8 +211,6 @@ class _GlobalStepProgram(SoftSyncProgram):
     leaving the weights in the weights window only (every worker reads the same ones, guarded: each
     step is written under ``host.writing_weights``)."""
 
-    outbox_on_push = False
-
     def __init__(self, host):
         super().__init__(host, SoftSyncOptions(n=1, staleness_lr=False, momentum="shared", push_rate="full",
                                                lookahead=False))

@@ -116,11 +116,9 @@ class SoftSyncProgram(MailboxProgram):
     """softsync's server side: the mean of every ``c`` gradients, one update; built from softsync's
     options (``n`` resolved)."""
 
-    outbox_on_push = True  # False: the pushers read the weights window themselves after the answer
-
     def __init__(self, host, options: SoftSyncOptions):
         super().__init__(host)
-        self.outbox_on_push = self.outbox_on_push and host.spec.outbox
+        self.outbox_on_push = host.spec.outbox  # False: the pushers read the weights window after the answer
         self.c = max(1, host.spec.workers // options.n)
         self.scale = options.staleness_lr
         momentum, lookahead = options.momentum, options.lookahead
