@@ -68,6 +68,14 @@ def launch_mode(script: str, np: int, mode: str, link_mbit: float = None) -> int
         subprocess.run(["bash", NETNS_TOOL, "down"], env=env)
 
 
+def mpi_main(script: str, args, bench) -> int:
+    """A benchmark's entry: launch ``script`` on ``args.np`` ranks in ``args.mode`` (see
+    :func:`launch_mode`), or, on a rank, run ``bench(args)``."""
+    if not under_mpirun():
+        return launch_mode(script, args.np, args.mode)
+    return bench(args)
+
+
 def limit_links(mbit: float) -> bool:
     """Put a token bucket of ``mbit`` Mbit/s on the link of each netns host of the benchmarks' cluster
     (its burst: a hundredth of a second of the rate, 512 KB at least)."""

@@ -24,8 +24,7 @@ import statistics
 import sys
 import time
 
-from common import (HERE, MODES, MODES_HELP, apply_quick, launch_mode, parse_size, quick_help, save, spread,
-                    under_mpirun)
+from common import HERE, MODES, MODES_HELP, apply_quick, mpi_main, parse_size, quick_help, save, spread
 
 SIZES = ["1KB", "16KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 QUICK = {"sizes": "1KB,1MB,4MB", "seconds": 0.1}  # --quick: the sizes the targets name, shorter blocks
@@ -205,10 +204,7 @@ def plot(summary, path):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if not under_mpirun():
-        return launch_mode(__file__, args.np, args.mode)
-    return bench(args)
+    return mpi_main(__file__, parse_args(argv), bench)
 
 
 if __name__ == "__main__":

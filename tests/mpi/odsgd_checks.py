@@ -4,8 +4,8 @@ Both exchanges (the servers' windows and Horovod's allreduce among the workers) 
 replays of tests/reference.py; worker 0 prints ``ODSGD CHECKS OK`` at the end.
 """
 import os
-import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -98,93 +98,79 @@ def nonfinite():
         _same_everywhere(final, exchange)
 
 
-OVERLAP_NUMEL = 1 << 23  # 32 MB of float32: an exchange whose time can be measured
-
-
-def _blocked_per_step(exchange: str, compute_s: float, steps: int = 8):
-    """(seconds a step waited for the exchange in flight, seconds the exchange itself took), each the
-    median over ``steps`` steps (a step the loaded machine's scheduler held up does not count for the
-    rest), with ``compute_s`` of compute (a sleep, which leaves the cores to the exchange) between one
-    step and the next. The exchange's own time is timed on its thread (window exchange only; None for
-    the allreduce, which Horovod's thread runs)."""
-    w = torch.nn.Parameter(torch.zeros(OVERLAP_NUMEL))
-    opt = ha.DistributedOptimizer(torch.optim.SGD([w], lr=0.01), [("w", w)], algorithm="od-sgd",
-                                  exchange=exchange)
-    own, spans, marks = [], [], []  # marks: ("go", when start() returned), ("stop", when finish() was called)
+def _watch(opt, exchange):
+    """Instrument the exchange. Window: each exchange, on its comm thread, first waits for a gate the
+    check opens only after step() returned (so a step that waited for its own exchange would stall
+    until the gate gave up). Allreduce: the step that starts each handle and the step that waits for
+    it. Returns (open_gate, log): log's entries are ("held", gate opened in time) or ("start"|"wait",
+    step, handle)."""
+    side, log, gate, steps = opt.strategy.exchange, [], threading.Event(), [0]
     if exchange == "window":
-        worker_side = opt.strategy.exchange
-        untimed, start_, finish_ = worker_side._exchange, worker_side.start, worker_side.finish
+        run = side._exchange
 
-        def start(*args):
-            start_(*args)
-            marks.append(("go", time.perf_counter()))
+        def gated(payload):
+            log.append(("held", gate.wait(30)))
+            return run(payload)
 
-        def finish():
-            marks.append(("stop", time.perf_counter()))
-            finish_()
+        side._exchange = gated
+    else:
+        transport = side.transport
+        start, wait = transport.allreduce_async_, transport.synchronize
 
-        worker_side.start, worker_side.finish = start, finish
+        def started(*args, **kwargs):
+            handle = start(*args, **kwargs)
+            log.append(("start", steps[0], handle))
+            return handle
 
-        def timed(header):
-            began = time.perf_counter()
-            answers = untimed(header)
-            ended = time.perf_counter()
-            own.append(ended - began)
-            spans.append((began, ended))
-            return answers
+        def waited(handle):
+            log.append(("wait", steps[0], handle))
+            return wait(handle)
 
-        worker_side._exchange = timed
-    w.grad = torch.full_like(w, 1e-3)
-    opt.step()  # begins the exchange; this step had nothing in flight to wait for
-    waits = []
-    for _ in range(steps):
-        time.sleep(compute_s)
-        before = opt.stats()["exchange_wait_seconds"]
-        opt.step()
-        waits.append(opt.stats()["exchange_wait_seconds"] - before)
-    opt.load_global_model()
-    opt.close()
-    if compute_s and spans:  # the exchange ran while the worker computed (from start()'s return to finish())
-        computing = [(a, b) for (k, a), (j, b) in zip(marks, marks[1:]) if (k, j) == ("go", "stop")]
-        during = statistics.median(sum(max(0.0, min(e, b) - max(s, a)) for a, b in computing) / (e - s)
-                                   for s, e in spans)  # per exchange (a stalled one does not outweigh the rest)
-        check(during > 0.5, f"{exchange}: the median exchange ran {during:.0%} of its time while the worker "
-                            f"computed (from start() returning to the next finish())")
-    return statistics.median(waits), (statistics.median(own) if own else None)
+        transport.allreduce_async_, transport.synchronize = started, waited
+    return gate, log, steps
 
 
 def overlap():
-    """The exchange runs while the worker computes: with compute to hide behind, a step blocks for
-    well under the exchange's own time (the window exchange: timed on its thread; the allreduce: what
-    a step blocks for with no compute between steps). Means over the workers of medians over steps.
-    The allreduce exchange at one worker is only the global step, done as the step waits: nothing to hide."""
+    """The exchange runs while the worker computes: a step begins the exchange and returns without
+    waiting for it (window: its exchange is held on the comm thread until step() returned; allreduce:
+    each handle is waited for by the next step, never by the step that started it), and the exchange
+    then completes with nothing but the worker's compute going on (the comm thread's or Horovod's own
+    progress). How much of the exchange's time this hides is measured, not asserted, by
+    benchmarks/odsgd_blocking.py."""
+    import horovod.torch as hvd
+
     comm = ha.worker_comm()
     for exchange in ("window", "allreduce") if comm.size > 1 else ("window",):
-        bare, own = _blocked_per_step(exchange, 0.0)
-        own = bare if own is None else own
-        # one compute time for every worker (the largest): each timed its own exchange, and a worker that
-        # computed less would wait in the allreduce for the others' longer compute, not for the exchange
-        compute = max(comm.allgather(max(0.02, 5.0 * max(bare, own))))
-        # up to three runs: on an oversubscribed machine (more ranks than cores, CI) one run's steps can
-        # be held up by the scheduler; an exchange that is not overlapped blocks for its whole time in
-        # every run (the figures are means over the workers, so every rank takes the same branch)
-        for attempt in range(3):
-            hidden, own_then = _blocked_per_step(exchange, compute)
-            own_run = own if own_then is None else own_then  # timed in the same run as the compute
-            own_run, hidden = comm.allreduce(own_run) / comm.size, comm.allreduce(hidden) / comm.size
-            if hidden < 0.5 * own_run:
-                break
-            if ha.rank() == 0:
-                print(f"{exchange}: run {attempt + 1} blocked {1e3 * hidden:.2f} ms of {1e3 * own_run:.2f} ms; "
-                      f"measuring again", flush=True)
-        own = own_run
-        if ha.rank() == 0:
-            print(f"{exchange}: the exchange takes {1e3 * own:.2f} ms; a step blocked {1e3 * hidden:.2f} ms "
-                  f"behind {1e3 * compute:.0f} ms of compute ({hidden / own:.3f})", flush=True)
-        check(own > 5e-4, f"{exchange}: the exchange of {OVERLAP_NUMEL} floats took only {1e3 * own:.3f} ms; "
-                          "too short to show overlap")
-        check(hidden < 0.5 * own, f"{exchange}: blocked {1e3 * hidden:.2f} ms per step behind {1e3 * compute:.0f} "
-                                  f"ms of compute, against the exchange's own {1e3 * own:.2f} ms: it is not hidden")
+        w = torch.nn.Parameter(torch.zeros(1 << 16))
+        opt = ha.DistributedOptimizer(torch.optim.SGD([w], lr=0.01), [("w", w)], algorithm="od-sgd",
+                                      exchange=exchange)
+        gate, log, steps = _watch(opt, exchange)
+        side = opt.strategy.exchange
+        for step in range(4):
+            w.grad = torch.full_like(w, 1e-3)
+            gate.clear()
+            steps[0] = step
+            opt.step()
+            gate.set()
+            if exchange == "window":
+                done = side.future.done
+            else:  # no handle left: the step already waited for it (the log below says so)
+                done = lambda: side.handle is None or hvd.poll(side.handle)  # noqa: E731
+            deadline = time.monotonic() + 60  # the compute: only wait, never call into the optimizer
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            check(done(), f"{exchange}: step {step}'s exchange did not complete in 60 s while the worker "
+                          "computed: it only progresses when a step waits for it")
+        opt.load_global_model()
+        opt.close()
+        if exchange == "window":
+            check(len(log) == 4 and all(ok for _, ok in log),
+                  f"{exchange}: a step waited for its own exchange (held until step() returned): {log}")
+        else:
+            began = {h: t for kind, t, h in log if kind == "start"}  # Horovod handles are ints
+            waits = [(began.get(h), t) for kind, t, h in log if kind == "wait"]
+            check(len(began) == 4 and all(b is not None and t > b for b, t in waits[:3]),
+                  f"{exchange}: (started in step, waited for in step) {waits}: a step waited for its own exchange")
 
 
 CHECKS = {f.__name__: f for f in (recurrence, delayed, synchronize_midway, nonfinite, overlap)}
