@@ -16,6 +16,7 @@ counts the pages of its own windows it touched (its shard's slots), which is wha
     python benchmarks/server_memory.py --algos dc-asgd --workers 2,4 --numel 4194304
     python benchmarks/server_memory.py --inbox-slots 2       # the mailbox algorithms with a pool of 2 inbox slots
     python benchmarks/server_memory.py --algos dc-asgd,lc-asgd,softsync --inbox-slots 2 --shared-momentum
+    python benchmarks/server_memory.py --algos dc-asgd --checkpoint gathered,streamed   # what a checkpoint adds
 """
 import argparse
 import json
@@ -60,8 +61,11 @@ def algorithm_options(algo: str, inbox_slots, shared_momentum: bool = False) -> 
     return options
 
 
-def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, shared_momentum=False) -> None:
-    """One rank of the job (under mpirun): serve, or train ``steps`` steps, then record the peak."""
+def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, shared_momentum=False,
+             checkpoint="none") -> None:
+    """One rank of the job (under mpirun): serve, or train ``steps`` steps (then, unless ``checkpoint``
+    is none, take the algorithm's state: ``gathered`` to worker 0, or ``streamed``, each server writing
+    its own shard into a folder), then record the peak."""
     import atexit
 
     import torch
@@ -85,6 +89,11 @@ def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, 
         loss = (param * signal).sum().mul(1.0 + 0.1 * ha.rank() + 0.01 * step)
         loss.backward()
         opt.step(loss=loss.item())  # (lc-asgd's pushes carry the loss; the others ignore it)
+    if checkpoint != "none":
+        opt.load_global_model()
+        folder = os.path.join(out_dir, "shards") if checkpoint == "streamed" else None
+        state = opt.algorithm_state_dict(shard_dir=folder)
+        del state
     opt.close()
 
 
@@ -94,7 +103,7 @@ def _write(out_dir: str, role: str, peak: int) -> None:
 
 
 def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inbox_slots=None,
-            shared_momentum=False) -> dict:
+            shared_momentum=False, checkpoint="none") -> dict:
     """Peak resident bytes of the server and of worker 0 in one job."""
     from hvd_async.launcher import mpirun_command
 
@@ -102,7 +111,8 @@ def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inb
         cmd = mpirun_command(workers + 1, [sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo,
                                            "--numel", str(numel), "--steps", str(steps), "--out-dir", out_dir]
                              + ([] if inbox_slots is None else ["--inbox-slots", str(inbox_slots)])
-                             + (["--shared-momentum"] if shared_momentum else []))
+                             + (["--shared-momentum"] if shared_momentum else [])
+                             + ["--checkpoint", checkpoint])
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -137,13 +147,21 @@ def main(argv=None) -> int:
                    help="the mailbox algorithms' inbox slots per server (default: theirs)")
     p.add_argument("--shared-momentum", action="store_true",
                    help="one momentum buffer on the servers where that is an option (dc-asgd, lc-asgd, softsync)")
+    p.add_argument("--checkpoint", default="none",
+                   help="also measure taking the algorithm's state after training, each way given (comma-separated): "
+                        "gathered (every shard sent to worker 0) or streamed (each server writes its own file); each "
+                        "cell then gives the copies a checkpoint added to its peak")
     p.add_argument("--out", default=os.path.join(HERE, "results", "server_memory.json"), help="JSON path")
     p.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rank_job:
-        rank_job(args.algos, args.numel, args.steps, args.out_dir, args.inbox_slots, args.shared_momentum)
+        rank_job(args.algos, args.numel, args.steps, args.out_dir, args.inbox_slots, args.shared_momentum,
+                 args.checkpoint)
         return 0
+    ways = [] if args.checkpoint == "none" else args.checkpoint.split(",")
+    if any(way not in ("gathered", "streamed") for way in ways):
+        p.error(f"--checkpoint {args.checkpoint}: give none, or gathered and/or streamed (comma-separated)")
     algos, counts = args.algos.split(","), [int(w) for w in args.workers.split(",")]
     unknown = [a for a in algos if a not in server_side]
     if unknown:
@@ -161,13 +179,20 @@ def main(argv=None) -> int:
                           "worker0_copies": round((big["worker0"] - tiny["worker0"]) / copy, 2)})
             print(f"{algo:10s} {workers} workers: server {copies:6.2f} copies of the model "
                   f"({big['server'] / 2**30:.2f} GiB peak), worker 0 {cells[-1]['worker0_copies']:.2f}", flush=True)
+            for way in ways:  # the same job taking its state at the end: what that adds to each peak
+                taken = run_job(algo, workers, args.numel, args.steps, args.timeout, args.inbox_slots,
+                                args.shared_momentum, way)
+                added = {role: round((taken[role] - big[role]) / copy, 2) for role in ("server", "worker0")}
+                cells[-1].setdefault("checkpoint_added_copies", {})[way] = added
+                print(f"{algo:10s} {workers} workers: a {way} checkpoint adds {added['server']:.2f} copies to the "
+                      f"server's peak, {added['worker0']:.2f} to worker 0's", flush=True)
         per_worker = (slope([c["workers"] for c in cells], [c["server_copies"] for c in cells])
                       if len(cells) > 1 else None)
         rows[algo] = {"cells": cells, "copies_per_extra_worker": None if per_worker is None else round(per_worker, 2)}
         print(f"{algo:10s} copies per extra worker: {'-' if per_worker is None else f'{per_worker:.2f}'}", flush=True)
     write_record({"benchmark": "server_memory", "numel": args.numel, "copy_bytes": copy, "steps": args.steps,
                   "workers": counts, "servers": 1, "inbox_slots": args.inbox_slots,
-                  "shared_momentum": args.shared_momentum, "algorithms": rows}, args.out)
+                  "shared_momentum": args.shared_momentum, "checkpoint": ways, "algorithms": rows}, args.out)
     print(f"written: {args.out}")
     return 0
 

@@ -134,6 +134,17 @@ def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[s
     return record["state"]
 
 
+def tensors_copy(value):
+    """A deep copy of nested dicts/lists holding tensors (the rules' and shards' state), tensors cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: tensors_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(tensors_copy(v) for v in value)
+    return value
+
+
 def rng_state() -> Dict[str, Any]:
     """The states of Python's ``random``, numpy's global generator, torch's CPU generator and, when
     CUDA is in use, the current CUDA device's generator (one rank, one GPU)."""
@@ -171,7 +182,7 @@ def save_in(directory: str, step: int, state: Dict[str, Any], *, keep: int = 2, 
         raise ValueError(f"keep must be an integer >= 1 (checkpoints kept), got {keep!r}")
     path = os.path.join(os.path.abspath(directory), f"ckpt-{step}.pt")
     save(path, state, kind=kind, meta=meta)
-    older = [p for _, p in sorted(_checkpoints(directory), reverse=True) if p != path]
+    older = [p for _, p in sorted(listed(directory), reverse=True) if p != path]
     for stale in older[keep - 1:]:
         os.remove(stale)
     return path
@@ -179,11 +190,11 @@ def save_in(directory: str, step: int, state: Dict[str, Any], *, keep: int = 2, 
 
 def latest(directory: str) -> Optional[str]:
     """Path of the ``ckpt-<step>.pt`` with the highest step in ``directory``; None if there is none."""
-    found = _checkpoints(directory)
+    found = listed(directory)
     return max(found)[1] if found else None
 
 
-def _checkpoints(directory: str):
+def listed(directory: str):
     """(step, path) of every ``ckpt-<step>.pt`` in ``directory`` (none if it does not exist)."""
     if not os.path.isdir(directory):
         return []

@@ -106,8 +106,9 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
     p.add_argument("--compute-ms", type=float, default=d(0.0), metavar="MS",
                    help="simulated compute per step on every worker (sleep), to study protocol costs")
     p.add_argument("--checkpoint-dir", default=d(None), metavar="DIR",
-                   help="write checkpoints here (ckpt-<updates>.pt: model, optimizer, the algorithm's state "
-                        "with every server shard, batch positions, RNG states)")
+                   help="write checkpoints here (ckpt-<updates>.pt and the folder of parts it names: each "
+                        "worker's model, optimizer, algorithm state, batch position and RNG states, each server's "
+                        "shard; every rank must reach DIR)")
     p.add_argument("--checkpoint-every", default=d("1"), metavar="N[epochs|steps]",
                    help="checkpoint every N epochs (N or Nepochs) or every N steps (Nsteps; for "
                         "parameter-server algorithms a step is one update of the global weights); the "

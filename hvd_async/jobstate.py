@@ -1,18 +1,27 @@
 """What the training job keeps so that a checkpoint resumes it exactly: batch positions, counters,
-and the collective save and restore of every worker's part (the servers' shards through worker 0).
+and the collective save and restore of every worker's part and the servers' shards.
 
-One checkpoint file per save, written by worker 0 (``hvd_async.checkpoint.save_in``, atomic)::
+One checkpoint per save: a folder of parts, each written by the process that holds it (atomic,
+``hvd_async.checkpoint.save``), then the file that names the folder, written by worker 0::
 
-    {"workers": [part of worker 0, part of worker 1, ...], "job": {...}}
+    ckpt-<step>-<token>.parts/worker-<r>.pt   worker r's part
+    ckpt-<step>-<token>.parts/shard-<k>.pt    server k's shard (window algorithms)
+    ckpt-<step>.pt                            {"parts": "ckpt-<step>-<token>.parts", "workers": W, "job": {...}}
 
-Each worker's part holds its model, its ``DistributedOptimizer.state_dict()`` (worker 0's carries
-every server shard), its batch position, its RNG states and its counters; ``job`` holds what worker
-0 reports (the epoch, the metrics history, the next checkpoint). The file's ``meta`` names the job
-(algorithm, workers, servers, dataset, model, batch size, seed, parameter shapes): resuming a
-different one is refused with one line saying what differs.
+Each worker's part holds its model, its ``DistributedOptimizer.state_dict()`` and algorithm state
+(worker 0's names the shards' files), its batch position, its RNG states and its counters; ``job``
+holds what worker 0 reports (the epoch, the metrics history, the next checkpoint). Every file's
+``meta`` names the job (algorithm, workers, servers, dataset, model, batch size, seed, parameter
+shapes): resuming a different one is refused with one line saying what differs. The folder must be
+on a file system every rank can reach (shared across hosts). Checkpoints written before parts had
+files of their own (``{"workers": [part, ...], "job": ...}`` in the one file) still resume.
 """
+import glob
+import os
+import shutil
 import time
-from typing import Any, Dict, List, Optional, Tuple
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -20,7 +29,7 @@ from . import checkpoint
 from .checkpoint import CheckpointError
 
 __all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "job_meta", "load_newest", "parse_every",
-           "rendezvous"]
+           "read_whole", "rendezvous"]
 
 TAG_ARRIVED = 7201
 
@@ -195,40 +204,108 @@ def load_newest(directory: str, expect: Dict[str, Any], *, mmap: bool = False) -
 
 
 class JobCheckpoints:
-    """Collective save and restore of the job over the workers' communicator ``comm``."""
+    """Collective save and restore of the job over the workers' communicator ``comm``.
+
+    A checkpoint is a folder of parts, ``ckpt-<step>-<token>.parts/``, each written by its own
+    process (``worker-<r>.pt`` by worker r; ``shard-<k>.pt`` by server k, when the part's algorithm
+    state was taken with ``shard_dir``), and then ``ckpt-<step>.pt``, written by worker 0 last, which
+    names the folder: the file is the commit, so a save cut short leaves the previous checkpoint the
+    newest. Nothing is gathered to one process. The token keeps a checkpoint of the same step written
+    again (a resumed run) out of the folder the older file names."""
 
     def __init__(self, directory: str, *, keep: int, meta: Dict[str, Any], comm):
-        self.directory, self.keep, self.meta, self.comm = directory, keep, meta, comm
+        self.directory, self.keep, self.meta, self.comm = os.path.abspath(directory), keep, meta, comm
 
-    def save(self, step: int, part: Dict[str, Any], job: Optional[Dict[str, Any]]) -> str:
-        """Every worker passes its part (worker 0 also ``job``); returns the file's path on all."""
-        parts = self.comm.gather(part, root=0)
-        path, error = None, None
-        if self.comm.rank == 0:
+    def parts_dir(self, step: int) -> str:
+        """A new folder for the parts of the checkpoint of ``step`` (the same on every worker)."""
+        token = self.comm.bcast(uuid.uuid4().hex[:8] if self.comm.rank == 0 else None, root=0)
+        return os.path.join(self.directory, f"ckpt-{step}-{token}.parts")
+
+    def save(self, step: int, folder: str, make_part: Callable[[], Dict[str, Any]],
+             job: Optional[Dict[str, Any]]) -> str:
+        """Every worker writes ``make_part()`` into ``folder`` (from :meth:`parts_dir`; worker 0 also
+        passes ``job``); then worker 0 writes the file that names it. Returns the file's path on all;
+        CheckpointError on all when any part could not be made or written."""
+        error = None
+        try:
+            checkpoint.save(os.path.join(folder, f"worker-{self.comm.rank}.pt"), make_part(), kind=PART_KIND,
+                            meta=self.meta)
+        except (OSError, TypeError, RuntimeError, ValueError) as exc:
+            error = f"worker {self.comm.rank}: {exc}"
+        errors = [e for e in self.comm.gather(error, root=0) or () if e]
+        path = None
+        if self.comm.rank == 0 and not errors:
             try:
-                path = checkpoint.save_in(self.directory, step, {"workers": parts, "job": job},
+                path = checkpoint.save_in(self.directory, step, {"parts": os.path.basename(folder),
+                                                                 "workers": self.comm.size, "job": job},
                                           keep=self.keep, meta=self.meta)
+                _prune_parts(self.directory)
             except (OSError, TypeError) as exc:
-                error = f"could not write a checkpoint in {self.directory}: {exc}"
-        path, error = self.comm.bcast((path, error), root=0)
-        if error:
-            raise CheckpointError(error)
+                errors.append(str(exc))
+        path, errors = self.comm.bcast((path, errors), root=0)
+        if errors:
+            raise CheckpointError(f"could not write a checkpoint in {self.directory}: {errors[0]}")
         return path
 
     def restore(self):
-        """Read the newest checkpoint on worker 0 and hand every worker its part: ``(path, part, job)``.
-        Raises CheckpointError on every worker when there is none or it does not fit this job."""
+        """Read the newest checkpoint and hand every worker its part: ``(path, part, job, folder)``
+        (``folder``: where the parts are, for the servers' shards). Raises CheckpointError on every
+        worker when there is none, it does not fit this job, or a part cannot be read."""
         state, error, path = None, None, None
         if self.comm.rank == 0:
             try:
                 path, state = load_newest(self.directory, self.meta)
-                if len(state.get("workers", ())) != self.comm.size:
-                    error = f"checkpoint {path} holds {len(state.get('workers', ()))} workers' state"
+                saved = state.get("workers")
+                saved = saved if isinstance(saved, int) else len(saved or ())
+                if saved != self.comm.size:
+                    error = f"checkpoint {path} holds {saved} workers' state"
             except CheckpointError as exc:
                 error = str(exc)
-        path, error = self.comm.bcast((path, error), root=0)
+        path, error, parts = self.comm.bcast((path, error, state and state.get("parts")), root=0)
         if error:
             raise CheckpointError(error)
-        part = self.comm.scatter(state["workers"] if state else None, root=0)
+        if parts is None:  # written before parts had files of their own: worker 0 holds them all
+            part = self.comm.scatter(state["workers"] if state else None, root=0)
+            folder = None
+        else:
+            folder, part = os.path.join(self.directory, parts), None
+            try:
+                part = checkpoint.load(os.path.join(folder, f"worker-{self.comm.rank}.pt"), kind=PART_KIND,
+                                       expect=self.meta)
+            except CheckpointError as exc:
+                error = str(exc)
+            errors = [e for e in self.comm.allgather(error) if e]
+            if errors:
+                raise CheckpointError(errors[0])
         job = self.comm.bcast(state["job"] if state else None, root=0)
-        return path, part, job
+        return path, part, job, folder
+
+
+PART_KIND = "worker-part"  # the kind of a worker's own file in a checkpoint's folder of parts
+
+
+def read_whole(path: str) -> Dict[str, Any]:
+    """The job checkpoint at ``path`` as one state, ``{"workers": [part of worker 0, ...], "job": ...}``,
+    its workers' parts read from their files (the servers' shards stay in theirs: worker 0's part
+    names them); for tools and tests that look inside."""
+    state = checkpoint.load(path)
+    if "parts" in state:
+        folder = os.path.join(os.path.dirname(path), state["parts"])
+        state = dict(state, workers=[checkpoint.load(os.path.join(folder, f"worker-{r}.pt"), kind=PART_KIND)
+                                     for r in range(state["workers"])])
+    return state
+
+
+def parts_folder(path: str) -> Optional[str]:
+    """The folder of parts the job checkpoint at ``path`` names (None when it holds them itself)."""
+    parts = checkpoint.load(path, mmap=True).get("parts")
+    return None if parts is None else os.path.join(os.path.dirname(path), parts)
+
+
+def _prune_parts(directory: str) -> None:
+    """Remove the folders of parts that no checkpoint file in ``directory`` names (those of deleted
+    checkpoints, and of saves cut short)."""
+    named = {parts_folder(p) for _, p in checkpoint.listed(directory)}
+    for folder in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.parts")):
+        if folder not in named:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,7 @@
 """DistributedOptimizer: holds the user's optimizer and hands exchange and update to an algorithm's strategy."""
 import dataclasses
 import logging
+import os
 import sys
 import warnings
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from . import checkpoint, registry, runtime
 from .algorithms.base import parse_options
 from .horovod_options import HorovodOptions, check_supported
 from .transport.base import Transport
+from .transport.window.state import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -342,18 +344,37 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "'param_groups', from opt.state_dict())")
         self.optimizer.load_state_dict(state_dict)
 
-    def algorithm_state_dict(self) -> Dict[str, Any]:
+    def algorithm_state_dict(self, shard_dir: Optional[str] = None) -> Dict[str, Any]:
         """The algorithm's own state (counters; on worker 0 the servers' shards: weights, versions,
         the rules' buffers), for exact resume. Take it on every worker after
-        :meth:`load_global_model` (nothing in flight)."""
+        :meth:`load_global_model` (nothing in flight). ``shard_dir``: a folder every server can
+        write (on a shared file system across hosts), where each server writes its own shard to a
+        file of its own (``shard-<k>.pt``, atomic), streamed from its tensors: nothing is sent to
+        worker 0, whose state then names the files; load it with the same folder."""
         self.begin()
         self._algorithm_state_taken = True
-        return {"algorithm": self.algorithm, "version": checkpoint.ALGORITHM_STATE_VERSION,
-                "strategy": self.strategy.state_dict()}
+        with self._shard_dir(shard_dir):
+            return {"algorithm": self.algorithm, "version": checkpoint.ALGORITHM_STATE_VERSION,
+                    "strategy": self.strategy.state_dict()}
 
-    def load_algorithm_state_dict(self, state: Dict[str, Any]) -> None:
+    @contextmanager
+    def _shard_dir(self, shard_dir: Optional[str]):
+        """The servers write (read) their shards in ``shard_dir`` for the duration, where they are
+        servers of windows (other transports keep no shards)."""
+        transport = self.strategy.transport
+        if shard_dir is None or not isinstance(transport, ServerState):
+            yield
+            return
+        transport.shard_dir = os.path.abspath(shard_dir)
+        try:
+            yield
+        finally:
+            transport.shard_dir = None
+
+    def load_algorithm_state_dict(self, state: Dict[str, Any], shard_dir: Optional[str] = None) -> None:
         """Put back :meth:`algorithm_state_dict`'s state; collective over the workers (worker 0
-        restores the servers; nobody exchanges before they are restored)."""
+        restores the servers; nobody exchanges before they are restored). ``shard_dir``: the folder
+        of the servers' own files, for a state taken with one."""
         if not isinstance(state, dict) or not {"algorithm", "strategy"} <= set(state):
             raise ValueError("not a hvd_async algorithm state (expected keys 'algorithm' and 'strategy', "
                              "from opt.algorithm_state_dict())")
@@ -362,7 +383,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"the state is from algorithm {state['algorithm']!r}, this optimizer "
                              f"runs {self.algorithm!r}")
         self.begin()
-        self.strategy.load_state_dict(state["strategy"])
+        with self._shard_dir(shard_dir):
+            self.strategy.load_state_dict(state["strategy"])
 
     def close(self) -> None:
         self.begin()  # a worker that never stepped still meets the others' first exchange

@@ -129,11 +129,11 @@ class WorkerLoop:
     def _resume(self) -> None:
         from . import checkpoint
 
-        path, part, saved_job = self.saver.restore()
+        path, part, saved_job, folder = self.saver.restore()
         self.model.load_state_dict(part["model"])
         self.opt.load_state_dict(part["optimizer"])  # (a checkpoint of an earlier version: both parts)
         if "algorithm" in part:
-            self.opt.load_algorithm_state_dict(part["algorithm"])
+            self.opt.load_algorithm_state_dict(part["algorithm"], shard_dir=folder)
         self.source.batches.load_state_dict(part["batches"])
         checkpoint.set_rng_state(part["rng"])
         self.acc.__dict__.update(part["counters"])
@@ -154,15 +154,19 @@ class WorkerLoop:
         """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
         from . import checkpoint
 
-        part = {"model": self.model.state_dict(), "algorithm": self.opt.algorithm_state_dict(),
-                "optimizer": self.opt.state_dict(),
-                "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
-                "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
-                "last_epoch": self.source.last_epoch}
+        folder = self.saver.parts_dir(progress)
+
+        def part():  # the servers write their shards into the folder as worker 0 takes the state
+            return {"model": self.model.state_dict(), "algorithm": self.opt.algorithm_state_dict(shard_dir=folder),
+                    "optimizer": self.opt.state_dict(),
+                    "batches": self.source.batches.state_dict(), "rng": checkpoint.rng_state(),
+                    "counters": dict(vars(self.acc)), "drawn": self.source.drawn,
+                    "last_epoch": self.source.last_epoch}
+
         if self.reporter:
             self.job.update(history=self.metrics.history, elapsed=self.metrics.elapsed(),
                             staleness_seen=self.staleness_seen.tolist())
-        return self.saver.save(progress, part, self.job if self.reporter else None)
+        return self.saver.save(progress, folder, part, self.job if self.reporter else None)
 
     def _next_batch(self, epoch: int):
         """The next (x, y) of this epoch, or None when the epoch is over for this worker."""

@@ -2,6 +2,7 @@
 (tests/mpi/state_checks.py); the job resumes bit for bit (ssgd), refuses another job's checkpoint,
 restarts after a worker is killed, and stops on a streak of non-finite gradients."""
 import json
+import os
 import re
 import shutil
 import signal
@@ -18,7 +19,7 @@ def test_state_round_trips_exactly(np, servers, no_shm):
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
     expected = ("asgd dbs-asgd dc-asgd lc-asgd softsync od-sgd easgd hpsgd gossip ssgd backup-sgd other_slots "
-                "foreign_state"
+                "foreign_state streamed"
                 if servers else "od-sgd hpsgd gossip ssgd")
     assert f"STATE CHECKS OK {expected}" in result.out, result.out[-3000:]
 
@@ -31,9 +32,65 @@ def train(*argv, timeout=300):
 
 
 def final_checkpoint(directory):
-    from hvd_async import checkpoint
+    from hvd_async import checkpoint, jobstate
 
-    return checkpoint.load(checkpoint.latest(str(directory)))
+    return jobstate.read_whole(checkpoint.latest(str(directory)))
+
+
+def shard_states(directory):
+    """The servers' shards of the newest checkpoint in ``directory``, read from their own files."""
+    from hvd_async import checkpoint, jobstate
+
+    path = checkpoint.latest(str(directory))
+    named = jobstate.read_whole(path)["workers"][0]["algorithm"]["strategy"]["servers"]
+    return [checkpoint.load(os.path.join(jobstate.parts_folder(path), entry["shard_file"])) for entry in named]
+
+
+def whole(path):
+    """Every file of the job checkpoint at ``path`` loads: its own, the workers' parts, the shards'."""
+    from hvd_async import checkpoint, jobstate
+
+    state = jobstate.read_whole(path)
+    named = state["workers"][0]["algorithm"]["strategy"].get("servers", [])
+    return state, [checkpoint.load(os.path.join(jobstate.parts_folder(path), entry["shard_file"]))
+                   for entry in named]
+
+
+def test_a_checkpoint_is_a_folder_of_parts_each_process_wrote(tmp_path):
+    """Each worker and the server write their own files (nothing gathered to worker 0); the file
+    that names the folder comes last, so a folder no file names (a save cut short) is not resumed
+    from and is removed by the next save, as are the folders of checkpoints past --keep-checkpoints;
+    the job resumes from the parts, and from a checkpoint written as one file (earlier versions)."""
+    import torch
+
+    from hvd_async import checkpoint, jobstate
+
+    ck = tmp_path / "ck"
+    common = ["--algo", "dc-asgd", "--np", "3", "--keep-checkpoints", "1"]
+    assert train(*common, "--checkpoint-dir", str(ck), "--epochs", "2").returncode == 0
+    files, folders = sorted(ck.glob("ckpt-*.pt")), sorted(ck.glob("ckpt-*.parts"))
+    assert len(files) == 1 and len(folders) == 1, sorted(os.listdir(ck))
+    assert sorted(os.listdir(folders[0])) == ["shard-0.pt", "worker-0.pt", "worker-1.pt"]
+    top = checkpoint.load(str(files[0]))
+    assert (top["parts"], top["workers"]) == (folders[0].name, 2) and "workers" not in top["job"]
+    state, shards = whole(str(files[0]))
+    assert state["workers"][0]["algorithm"]["strategy"]["servers"][0]["shard_file"] == "shard-0.pt"
+    assert int(shards[0]["meta"][0]) == state["workers"][0]["algorithm"]["strategy"]["global_pushes"]
+
+    cut = ck / "ckpt-100000-0badc0de.parts"  # a later save cut short: parts, and no file naming them
+    cut.mkdir()
+    (cut / "worker-0.pt").write_bytes(b"half a part")
+    legacy = tmp_path / "legacy"  # the same checkpoint as one file, as written before parts had files
+    worker0 = state["workers"][0]["algorithm"]["strategy"]
+    worker0["servers"] = shards
+    meta = torch.load(str(files[0]), weights_only=True)["meta"]
+    checkpoint.save_in(str(legacy), int(files[0].stem.split("-")[1]),
+                       {"workers": state["workers"], "job": state["job"]}, meta=meta)
+    for directory in (ck, legacy):
+        result = train(*common, "--checkpoint-dir", str(directory), "--epochs", "3", "--resume")
+        assert result.returncode == 0, result.out[-3000:]
+        assert f"resumed from {files[0].name}" in result.out.replace(str(directory) + "/", ""), result.out[-3000:]
+    assert not cut.exists() and len(list(ck.glob("ckpt-*.parts"))) == 1, sorted(os.listdir(ck))
 
 
 def checkpoint_steps(directory):
@@ -67,10 +124,14 @@ def test_ssgd_resume_is_bit_exact(tmp_path, every, stop_at):
         first = train(*common, "--epochs", "2", "--checkpoint-dir", str(resumed))
         assert first.returncode == 0, first.out[-3000:]
     else:  # the same (deterministic) run cut off: the straight run's checkpoints up to stop_at
+        from hvd_async import jobstate
+
         resumed.mkdir()
         for path in straight.glob("ckpt-*.pt"):
             if int(path.stem.split("-")[1]) <= int(stop_at.split("-")[1].split(".")[0]):
                 shutil.copy(path, resumed / path.name)
+                folder = jobstate.parts_folder(str(path))
+                shutil.copytree(folder, resumed / os.path.basename(folder))
         assert (resumed / stop_at).exists() and max(checkpoint_steps(resumed)) < max(checkpoint_steps(straight))
     second = train(*common, "--epochs", "4", "--checkpoint-dir", str(resumed), "--resume")
     assert second.returncode == 0, second.out[-3000:]
@@ -85,7 +146,7 @@ def test_async_resume_trains_on(tmp_path, algo, extra):
     first = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), *extra)
     assert first.returncode == 0, first.out[-3000:]
     saved = final_checkpoint(ck)
-    servers = saved["workers"][0]["algorithm"]["strategy"]["servers"]
+    servers = shard_states(ck)  # each server wrote its own shard's file
     assert len(servers) == 1 and int(servers[0]["meta"][0]) == saved["workers"][0]["algorithm"]["strategy"]["global_pushes"]
     second = train("--algo", algo, "--np", "4", "--epochs", "4", "--checkpoint-dir", str(ck), "--resume",
                    "--metrics-out", str(metrics), *extra)
@@ -149,7 +210,7 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):
         time.sleep(0.05)
     assert before is not None, job.out[-3000:]
     killed_at = job.signal_rank(2, signal.SIGKILL)  # world rank 2: worker 1 (rank 0 is the server)
-    checkpoint.load(before)  # what was there when the worker died is whole
+    whole(before)  # what was there when the worker died is whole
     assert job.finish(timeout=300) == 0, job.out[-4000:]
     out = job.out
     restarted_at = job.first_line_time("restart 1 of 1 from")
@@ -161,7 +222,7 @@ def test_killed_worker_restarts_from_the_last_checkpoint(tmp_path):
     assert [h["epoch"] for h in record["history"]] == list(range(1, 9))
     assert record["final_test_accuracy"] >= 0.85, record["history"]
     for path in ck.glob("ckpt-*.pt"):
-        checkpoint.load(str(path))
+        whole(str(path))
     assert not job.left_behind()
 
 

@@ -183,8 +183,8 @@ class DCProgram(MailboxProgram):
 
     def state_dict(self) -> Dict:
         state = super().state_dict()
-        momentum = None if self.momentum is None else [tensors_copy(buf) for buf in self.momentum]
-        state.update(momentum=momentum, rule=tensors_copy(self.state.saved()),
+        momentum = None if self.momentum is None else list(self.momentum)
+        state.update(momentum=momentum, rule=self.state.saved(),
                      push_clip_mean=self.push_clip.mean if self.push_clip else None)
         return state
 

@@ -6,6 +6,7 @@ from typing import List, Optional
 import torch
 
 from ..checks import all_finite, finite_in_fp16
+from ..checkpoint import tensors_copy  # noqa: F401  (the algorithms' state copies)
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +80,3 @@ def local_step_if_finite(strategy, model: "FlatModel") -> bool:
     strategy.optimizer.step()
     model.store_params()
     return True
-
-
-
-def tensors_copy(value):
-    """A deep copy of nested dicts/lists holding tensors (the rules' state), tensors cloned."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: tensors_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(tensors_copy(v) for v in value)
-    return value
-
-
-

@@ -329,9 +329,10 @@ class MailboxProgram(W.ServerProgram):
             self.active.add(worker)
 
     def state_dict(self) -> Dict:
-        """What the program keeps besides the windows (a checkpoint holds it; see ShardHost)."""
+        """What the program keeps besides the windows (a checkpoint holds it; see ShardHost): its own
+        tensors, which ShardHost copies where the state outlives the moment (loading copies them)."""
         return {"held": list(self.held), "started": self.started, "active": sorted(self.active),
-                "sgd_state": tensors_copy(self.sgd_state)}
+                "sgd_state": self.sgd_state}
 
     def load_state_dict(self, state: Dict) -> None:
         self.held = [int(v) for v in state["held"]]

@@ -162,7 +162,7 @@ class SoftSyncProgram(MailboxProgram):
                                f"aggregate; save after load_global_model() on every worker")
         state = super().state_dict()
         if self.momentum is not None:
-            state["momentum"] = [tensors_copy(buf) for buf in self.momentum]
+            state["momentum"] = list(self.momentum)
         return state
 
     def load_state_dict(self, state: Dict) -> None:

@@ -5,11 +5,16 @@ servers' weights, counters, momentum buffers, backups and predictors all move), 
 ``load_state_dict()`` the saved state on every worker; the state then read back equals the saved one
 exactly, servers included. Worker 0 prints ``STATE CHECKS OK ...``.
 """
+from dataclasses import fields
+import os
+import shutil
 import sys
+import tempfile
 
 import torch
 
 import hvd_async as ha
+from hvd_async import registry
 from harness import check, main
 
 OPTIONS = {  # options that make every piece of state non-trivial
@@ -125,6 +130,56 @@ def other_slots():
         opt.close()
 
 
+def streamed():
+    """Each server writes its own shard (``shard_dir``): worker 0's state names the files, which hold
+    exactly what the gathered state holds; training on and loading the files back restores the
+    servers exactly, also into servers with a pool of one inbox slot; without the folder the load is
+    refused."""
+    from hvd_async import checkpoint
+    from hvd_async.transport.window.host import SHARD_KIND
+
+    comm = ha.worker_comm()
+    folder = comm.bcast(tempfile.mkdtemp(prefix="hvd-async-shards-") if ha.rank() == 0 else None, root=0)
+    for algorithm in [a for a in OPTIONS if a not in SERVERLESS]:
+        for slots in (0, 1):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+            options = dict(OPTIONS[algorithm], **({"inbox_slots": slots} if slots else {}))
+            if slots and "inbox_slots" not in {f.name for f in fields(registry.strategy_class(algorithm).Options)}:
+                continue
+            opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                          named_parameters=model.named_parameters(), algorithm=algorithm,
+                                          **options)
+            train(opt, model, 7, seed=100 + ha.rank())
+            opt.load_global_model()
+            gathered = opt.algorithm_state_dict()
+            comm.Barrier()
+            files = opt.algorithm_state_dict(shard_dir=folder)
+            comm.Barrier()
+            if ha.rank() == 0:
+                names = [entry.get("shard_file") for entry in servers_of({"algorithm": files})]
+                check(names == [f"shard-{k}.pt" for k in range(ha.num_servers())], f"{algorithm}: {names}")
+                for name, shard in zip(names, servers_of({"algorithm": gathered})):
+                    same(shard, checkpoint.load(os.path.join(folder, name), kind=SHARD_KIND), f"{algorithm} {name}")
+            train(opt, model, 3, seed=200 + ha.rank())
+            opt.load_global_model()
+            if ha.rank() == 0:
+                try:
+                    opt.strategy.transport.load_server_state(servers_of({"algorithm": files}))
+                    check(False, f"{algorithm}: loaded the files' names without their folder")
+                except ValueError as exc:
+                    check("load it with shard_dir" in str(exc), str(exc))
+            opt.load_algorithm_state_dict(files, shard_dir=folder)
+            same(gathered, opt.algorithm_state_dict(), f"{algorithm} (inbox_slots={slots}) after loading the files")
+            comm.Barrier()
+            train(opt, model, 2, seed=300 + ha.rank())
+            opt.load_global_model()
+            opt.close()
+    comm.Barrier()
+    if ha.rank() == 0:
+        shutil.rmtree(folder)
+
+
 def foreign_state():
     """Another algorithm's state, or another server count's, is refused with a clear message."""
     model = torch.nn.Linear(6, 3)
@@ -156,8 +211,6 @@ def foreign_state():
 
 
 if __name__ == "__main__":
-    import os
-
     names = [n for n in sys.argv[1:]]
     with_servers = int(os.environ.get("SERVERS", "1")) > 0
     algorithms = [a for a in OPTIONS if with_servers or a in SERVERLESS + ("od-sgd",)]
@@ -165,4 +218,5 @@ if __name__ == "__main__":
     if with_servers:
         checks["other_slots"] = other_slots
         checks["foreign_state"] = foreign_state
+        checks["streamed"] = streamed
     main(checks, names, "STATE CHECKS OK")

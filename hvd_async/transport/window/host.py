@@ -2,6 +2,7 @@
 takes the workers' requests to the algorithm's server program and keeps the shard's counters (see
 :mod:`hvd_async.transport.window` for the protocol; the loop that polls it is :mod:`hvd_async.server`)."""
 import logging
+import os
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
@@ -14,6 +15,9 @@ from .layout import (HIST_BINS, H_LEN, Kind, META_BUSY_US, META_COUNTER, META_HI
                      TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes, _window_array,
                      _Windows)
 from .slots import SlotPool
+from ... import checkpoint
+
+SHARD_KIND = "server-shard"  # the kind of a shard's own checkpoint file
 
 logger = logging.getLogger("hvd_async.transport.window")
 
@@ -67,7 +71,8 @@ class ServerProgram:
         return ()
 
     def state_dict(self) -> Dict[str, Any]:
-        """What the program keeps besides the windows (part of the shard's checkpoint)."""
+        """What the program keeps besides the windows (part of the shard's checkpoint): its own tensors,
+        not copies (the host copies the whole state where it must outlive the moment; a load copies)."""
         return {}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -198,8 +203,13 @@ class ShardHost:
                 try:
                     if what == "drop":
                         reply = self._drop(state)
+                    elif what == "get":  # (pickled at once by send(): no copy of the shard's own)
+                        reply = ("ok", self.state_dict(copy=False))
+                    elif what == "save":
+                        reply = self._save(state)
                     else:
-                        reply = ("ok", self.state_dict()) if what == "get" else self._load_checked(state)
+                        reply = self._load_checked(checkpoint.load(state, kind=SHARD_KIND, mmap=True)
+                                                   if what == "load" else state)
                 except Exception as exc:  # tell the worker; the server goes on serving
                     reply = ("error", f"server {self.shard}: {exc}")
                 self.sync()
@@ -255,15 +265,23 @@ class ShardHost:
                 self.program.on_close(worker)
         return ("ok", None)
 
-    def state_dict(self) -> Dict[str, Any]:
-        """The shard as it stands: weights, meta counters, outbox slots and the program's state."""
+    def state_dict(self, copy: bool = True) -> Dict[str, Any]:
+        """The shard as it stands: weights, meta counters, outbox slots and the program's state. With
+        ``copy=False`` the tensors are the shard's own, valid while nothing pushes (for a write to a
+        file or a message, which copy them anyway)."""
         state = {"algorithm": self.spec.algorithm, "shard": self.shard, "workers": self.spec.workers,
-                 "weights": self.weights.clone(), "meta": torch.from_numpy(self.meta.copy()),
+                 "weights": self.weights, "meta": torch.from_numpy(self.meta.copy()),
                  "skipped_nonfinite": self.skipped_nonfinite}
         if self.spec.mode == "mailbox" and self.spec.outbox:
-            state["outbox"] = torch.stack([slot.clone() for slot in self.outbox])
+            state["outbox"] = list(self.outbox)
         state["program"] = self.program.state_dict()
-        return state
+        return checkpoint.tensors_copy(state) if copy else state
+
+    def _save(self, path: str) -> Tuple[str, Dict[str, Any]]:
+        """Write the shard's state to ``path`` (atomic: :func:`hvd_async.checkpoint.save`), streamed
+        from the shard's own tensors; returns ("ok", the file's name and size)."""
+        checkpoint.save(path, self.state_dict(copy=False), kind=SHARD_KIND)
+        return ("ok", {"shard_file": os.path.basename(path), "bytes": os.path.getsize(path)})
 
     def _load_checked(self, state: Dict[str, Any]) -> Optional[str]:
         """Load ``state``; returns ("ok", None), or ("error", why it does not fit this shard)."""

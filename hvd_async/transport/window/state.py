@@ -2,6 +2,7 @@
 whole state for a checkpoint and its restoration, this worker's own counters, and telling the servers
 to go on without workers that stopped. A base of
 :class:`~hvd_async.transport.window.client.WindowTransport`."""
+import os
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
@@ -13,13 +14,22 @@ class ServerState:
     """The transport provides ``comm``, ``servers``, ``_check_idle``, ``_send_hist``, ``_watch``, the
     worker communicator and the version and staleness bookkeeping."""
 
+    # Where the servers write their shards' state (each its own file, ``shard-<k>.pt``) and read it back,
+    # instead of sending it to worker 0; None: sent. Set around a save or load (see
+    # DistributedOptimizer.algorithm_state_dict's ``shard_dir``); a folder every server can reach.
+    shard_dir = None
+
     def server_state(self) -> List[Dict[str, Any]]:
         """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
-        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``."""
+        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``. With
+        :attr:`shard_dir` set, each server writes its shard there and this returns the files' names."""
         self._check_idle()
         self._send_hist()
         for k in range(self.servers):
-            self.comm.send(("get", None), dest=k, tag=TAG_STATE)
+            if self.shard_dir is None:
+                self.comm.send(("get", None), dest=k, tag=TAG_STATE)
+            else:
+                self.comm.send(("save", os.path.join(self.shard_dir, f"shard-{k}.pt")), dest=k, tag=TAG_STATE)
         return self._state_replies()
 
     def _state_replies(self) -> List[Any]:
@@ -36,8 +46,15 @@ class ServerState:
             got = len(states) if isinstance(states, (list, tuple)) else type(states).__name__
             raise ValueError(f"the saved server state has {got} shard(s), this job has {self.servers} "
                              f"server(s); resume with --servers {got if isinstance(got, int) else '?'}")
+        files = [isinstance(state, dict) and "shard_file" in state for state in states]  # each server's own
+        if any(files) and self.shard_dir is None:
+            raise ValueError("the saved server state names the files each server wrote its shard to: load "
+                             "it with shard_dir, the folder they are in")
         for k, state in enumerate(states):
-            self.comm.send(("set", state), dest=k, tag=TAG_STATE)
+            if files[k]:
+                self.comm.send(("load", os.path.join(self.shard_dir, state["shard_file"])), dest=k, tag=TAG_STATE)
+            else:
+                self.comm.send(("set", state), dest=k, tag=TAG_STATE)
         try:
             self._state_replies()
         except RuntimeError as exc:
