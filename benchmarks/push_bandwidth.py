@@ -19,7 +19,6 @@ torch runs one thread, as a server rank beside busy workers does; ``--threads`` 
     python benchmarks/push_bandwidth.py --size 4MB --pushes 8 --out /tmp/p.json
 """
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
@@ -83,10 +82,7 @@ def make_program(algo: str, numel: int):
     cls = registry.strategy_class(algo)
     options = parse_options(cls.Options, algo, dict(PROGRAMS[algo]))
     cls.resolve_options(options, WORKERS)
-    names = {field.name for field in dataclasses.fields(options)}
-    spec = W.WindowSpec(algo, cls.mode, numel, 1, WORKERS, cls.server_options(options), "fp32",
-                        options.slots(WORKERS) if "inbox_slots" in names else 0, cls.outbox_for(options))
-    host = SimShardHost(spec, 0, cls.server_program)
+    host = SimShardHost(cls.window_spec(options, numel, 1, WORKERS), 0, cls.server_program)
     gen = torch.Generator().manual_seed(0)
     host.weights.copy_(torch.randn(numel, generator=gen))
     for slot in host.inbox_raw:

@@ -92,8 +92,7 @@ def rank_job(algo: str, numel: int, steps: int, out_dir: str, inbox_slots=None, 
     if checkpoint != "none":
         opt.load_global_model()
         folder = os.path.join(out_dir, "shards") if checkpoint == "streamed" else None
-        state = opt.algorithm_state_dict(shard_dir=folder)
-        del state
+        opt.algorithm_state_dict(shard_dir=folder)  # taken and dropped: the peak it made is what counts
     opt.close()
 
 

@@ -63,7 +63,7 @@ def test_a_checkpoint_is_a_folder_of_parts_each_process_wrote(tmp_path):
     the job resumes from the parts, and from a checkpoint written as one file (earlier versions)."""
     import torch
 
-    from hvd_async import checkpoint, jobstate
+    from hvd_async import checkpoint
 
     ck = tmp_path / "ck"
     common = ["--algo", "dc-asgd", "--np", "3", "--keep-checkpoints", "1"]

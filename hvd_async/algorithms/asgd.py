@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..transport import window as W
 from .groups import PullEvery, PushRate, WorkerLookaheadOption
 from .ps import AccumulateProgram, PSStrategy
 

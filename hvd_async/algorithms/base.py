@@ -6,6 +6,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from ..transport.window.layout import WindowSpec
+from .groups import Compression, InboxSlots
+
 
 def parse_options(options_cls, algorithm: str, options: Dict[str, Any]):
     """Build the strategy's options dataclass; unknown keywords get an error listing the accepted."""
@@ -70,6 +73,15 @@ class Strategy(abc.ABC):
         """Whether the servers keep an outbox under these options (``keeps_outbox``, unless an option
         makes the answers the same for every worker: softsync's shared momentum)."""
         return cls.keeps_outbox
+
+    @classmethod
+    def window_spec(cls, options, numel: int, servers: int, workers: int) -> WindowSpec:
+        """The servers' windows for this algorithm under ``options`` (resolved, see
+        :meth:`resolve_options`): the one place that decides their server options, wire format,
+        inbox slots and outbox, for the job's transport, the simulator and the benchmarks alike."""
+        return WindowSpec(cls.name, cls.mode, int(numel), servers, workers, cls.server_options(options),
+                          options.wire() if isinstance(options, Compression) else "fp32",
+                          options.slots(workers) if isinstance(options, InboxSlots) else 0, cls.outbox_for(options))
 
     @classmethod
     def check_optimizer(cls, optimizer) -> None:

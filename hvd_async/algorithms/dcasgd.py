@@ -3,7 +3,7 @@
 look-ahead weights (``lookahead``)."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 

@@ -296,8 +296,7 @@ class ODSGD(Strategy):
         if options.exchange == "allreduce":
             return super().make_transport(named_parameters, options, comms)
         numel = sum(p.numel() for _, p in named_parameters)
-        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
-                                 slots=options.slots(comms.group.size), outbox=cls.keeps_outbox)
+        return W.WindowTransport.open(cls.window_spec(options, numel, comms.servers, comms.group.size), comms)
 
     @classmethod
     def server_program(cls, host):

@@ -43,7 +43,6 @@ from ..rules import SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, tensors_copy, finite_grads
-from .groups import Compression, InboxSlots
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
 
@@ -118,11 +117,7 @@ class PSStrategy(Strategy):
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
         cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
-        return W.WindowTransport(numel, comms=comms, algorithm=cls.name, mode=cls.mode,
-                                 options=cls.server_options(options),
-                                 wire=options.wire() if isinstance(options, Compression) else "fp32",
-                                 slots=options.slots(comms.group.size) if isinstance(options, InboxSlots) else 0,
-                                 outbox=cls.outbox_for(options))
+        return W.WindowTransport.open(cls.window_spec(options, numel, comms.servers, comms.group.size), comms)
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:

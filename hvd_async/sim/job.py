@@ -13,6 +13,7 @@ Before each step the worker's clock moves on by its compute time (drawn from its
 forward and backward then run for real, and ``opt.step()`` takes whatever simulated time its
 exchanges take (latency, waiting for others). Evaluation and metric reductions take none.
 """
+import dataclasses
 from typing import Dict, List, Optional
 
 import torch
@@ -22,7 +23,6 @@ from ..algorithms.base import parse_options
 from ..config import ConfigError, algorithm_options
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
-from ..transport import window as W
 from ..transport.trace import Trace, Tracer
 from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
@@ -65,10 +65,9 @@ class Cluster:
             cls = self.strategy_cls
             options = parse_options(cls.Options, args.algo, algorithm_options(args))
             cls.resolve_options(options, args.workers)  # before the servers open
-            server_options = cls.server_options(options)
-            spec = W.WindowSpec(args.algo, cls.mode, numel, args.servers,
-                                args.workers, server_options, outbox=cls.outbox_for(options))
-            self.servers = SimServers(spec, cls.server_program)
+            spec = cls.window_spec(options, numel, args.servers, args.workers)
+            # the simulator models one inbox slot per worker and fp32 on the wire (no pool, no fp16)
+            self.servers = SimServers(dataclasses.replace(spec, slots=0, wire="fp32"), cls.server_program)
         elif self.strategy_cls.peer_windows:
             self.peers = PeerWindows(args.workers, numel)
 

@@ -11,7 +11,6 @@ is how many copies of the shard the server holds: ``copies(workers)``, linear in
 
     >>> shard_copies("dc-asgd", 4, {"inbox_slots": 0})["total"]  # doctest: +SKIP
 """
-import dataclasses
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -94,11 +93,7 @@ def shard_copies(algo: str, workers: int, options: Optional[Dict[str, Any]] = No
     cls = registry.strategy_class(algo)
     opts = parse_options(cls.Options, algo, dict(options or {}))
     cls.resolve_options(opts, workers)
-    names = {field.name for field in dataclasses.fields(opts)}
-    specs = [W.WindowSpec(algo, cls.mode, n, 1, workers, cls.server_options(opts),
-                          opts.wire() if "compression" in names else "fp32",
-                          opts.slots(workers) if "inbox_slots" in names else 0, cls.outbox_for(opts))
-             for n in SIZES]
+    specs = [cls.window_spec(opts, n, 1, workers) for n in SIZES]
     grown = _program_bytes(cls, specs[1]) - _program_bytes(cls, specs[0])
     program = grown / (4.0 * (SIZES[1] - SIZES[0]))
     windows = window_copies(specs[0])

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 
-from hvd_async import registry
 from hvd_async.sim import simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

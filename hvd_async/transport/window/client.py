@@ -32,6 +32,12 @@ class WindowTransport(MetaAccess, ServerState, Transport):
 
     closes_collectively = True
 
+    @classmethod
+    def open(cls, spec: WindowSpec, comms) -> "WindowTransport":
+        """The transport for ``spec`` (its servers and workers are the job's, from ``comms``)."""
+        return cls(spec.numel, comms=comms, algorithm=spec.algorithm, mode=spec.mode, options=spec.options,
+                   wire=spec.wire, slots=spec.slots, outbox=spec.outbox)
+
     def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
                  wire: str = "fp32", slots: int = 0, outbox: bool = True):
         super().__init__()
