@@ -18,6 +18,18 @@ from .slots import SlotPool
 from ... import checkpoint
 
 SHARD_KIND = "server-shard"  # the kind of a shard's own checkpoint file
+MESSAGE_LIMIT = 2**31 - 2**26  # bytes of tensors one pickled MPI message may carry (a C int count, with room)
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of the tensors in a nested state."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 logger = logging.getLogger("hvd_async.transport.window")
 
@@ -203,8 +215,8 @@ class ShardHost:
                 try:
                     if what == "drop":
                         reply = self._drop(state)
-                    elif what == "get":  # (pickled at once by send(): no copy of the shard's own)
-                        reply = ("ok", self.state_dict(copy=False))
+                    elif what == "get":
+                        reply = self._state_message()
                     elif what == "save":
                         reply = self._save(state)
                     else:
@@ -276,6 +288,18 @@ class ShardHost:
             state["outbox"] = list(self.outbox)
         state["program"] = self.program.state_dict()
         return checkpoint.tensors_copy(state) if copy else state
+
+    def _state_message(self) -> Tuple[str, Any]:
+        """("ok", the shard's state) for a message to worker 0, or ("error", why) when it is larger than
+        one MPI message carries (its count is a C int). Copied: a pickled view (an outbox slot) would
+        carry its whole window."""
+        state = self.state_dict(copy=True)
+        size = _tensor_bytes(state)
+        if size > MESSAGE_LIMIT:
+            return ("error", f"server {self.shard}: the shard's state is {size / 2**30:.1f} GiB, more than one "
+                             f"MPI message carries ({MESSAGE_LIMIT / 2**30:.1f} GiB): take it with "
+                             f"algorithm_state_dict(shard_dir=...), each server writing its own file")
+        return ("ok", state)
 
     def _save(self, path: str) -> Tuple[str, Dict[str, Any]]:
         """Write the shard's state to ``path`` (atomic: :func:`hvd_async.checkpoint.save`), streamed
