@@ -19,7 +19,7 @@ def test_state_round_trips_exactly(np, servers, no_shm):
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
     expected = ("asgd dbs-asgd dc-asgd lc-asgd softsync od-sgd easgd hpsgd gossip ssgd backup-sgd other_slots "
-                "foreign_state streamed"
+                "foreign_state streamed resume_exact"
                 if servers else "od-sgd hpsgd gossip ssgd")
     assert f"STATE CHECKS OK {expected}" in result.out, result.out[-3000:]
 

@@ -108,9 +108,15 @@ class ASGD(PSStrategy):
         self._settle_progress()
         self.transport.barrier()  # nobody pushes again before every worker has read the same state
 
+    def state_dict(self):
+        """As the family's, and whether the look-ahead had pulled before (its previous pull is then the
+        global weights, which the model holds when the state is taken, after ``load_global_model()``,
+        and again when it is loaded, after the model)."""
+        return dict(super().state_dict(), lookahead_pulled=self._previous is not None)
+
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self._previous = None
+        self._previous = self.model.flat.clone() if state.get("lookahead_pulled") else None
 
     @classmethod
     def server_program(cls, host):

@@ -185,7 +185,8 @@ class DCProgram(MailboxProgram):
         state = super().state_dict()
         momentum = None if self.momentum is None else list(self.momentum)
         state.update(momentum=momentum, rule=self.state.saved(),
-                     push_clip_mean=self.push_clip.mean if self.push_clip else None)
+                     push_clip_mean=self.push_clip.mean if self.push_clip else None,
+                     lookahead_total=None if self.lookahead is None else self.lookahead.total)
         return state
 
     def load_state_dict(self, state: Dict) -> None:
@@ -199,7 +200,7 @@ class DCProgram(MailboxProgram):
         if self.push_clip is not None:
             self.push_clip.mean = state.get("push_clip_mean")
         if self.lookahead is not None and self.momentum is not None:
-            self.lookahead.rebuild(self.momentum)
+            self.lookahead.restore(state.get("lookahead_total"), self.momentum)
         self.state.load(tensors_copy(state["rule"]))
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:

@@ -1,6 +1,6 @@
 """DANA's look-ahead on the servers: the running sum of the workers' momentum buffers, and the
 look-ahead weights a server program answers a push with (dc-asgd, lc-asgd, softsync)."""
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -52,6 +52,14 @@ class Lookahead:
         self.total.zero_()
         for state in states:
             self.add(state)
+
+    def restore(self, total: Optional[torch.Tensor], states) -> None:
+        """After a checkpoint load: the saved running sum, bit for bit (the sum kept push by push
+        rounds otherwise than one summed afresh), or, from a checkpoint without it, :meth:`rebuild`."""
+        if total is None:
+            self.rebuild(states)
+        else:
+            self.total.copy_(total)
 
     def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float, total=None) -> None:
         """``out <- weights - step * sum_k buf_k`` in one pass (``step``: the rate per push times the

@@ -172,6 +172,9 @@ class PSStrategy(Strategy):
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.global_pushes = int(state["global_pushes"])
         load_server_state_dict(self.transport, state)
+        # the flat copy the next step's push is measured from holds the model as loaded (a copy where the
+        # parameters are not its views: on a GPU)
+        self.model.store_params()
 
 
 

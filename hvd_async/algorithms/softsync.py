@@ -163,6 +163,7 @@ class SoftSyncProgram(MailboxProgram):
         state = super().state_dict()
         if self.momentum is not None:
             state["momentum"] = list(self.momentum)
+            state["lookahead_total"] = None if self.lookahead is None else self.lookahead.total
         return state
 
     def load_state_dict(self, state: Dict) -> None:
@@ -170,7 +171,7 @@ class SoftSyncProgram(MailboxProgram):
         if self.momentum is not None and "momentum" in state:
             self.momentum = [tensors_copy(buf) for buf in state["momentum"]]
             if self.lookahead is not None:
-                self.lookahead.rebuild(self.momentum)
+                self.lookahead.restore(state.get("lookahead_total"), self.momentum)
 
     def on_leave(self, worker) -> None:
         super().on_leave(worker)
