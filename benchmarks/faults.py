@@ -72,6 +72,7 @@ def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, packag
         out, _ = proc.communicate(timeout=hang)
     except subprocess.TimeoutExpired:
         hung = True
+        alive = _group_processes(proc.pid)  # what was still there: who holds the job up
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
     end = time.time()
@@ -91,7 +92,16 @@ def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, packag
     cell["passed"] = (not hung and proc.returncode != 0 and seconds <= limit and bool(named) and not left)
     if not cell["passed"]:
         cell["output_tail"] = out[-2500:]
+    if hung:
+        cell["alive_at_hang"] = alive
     return cell
+
+
+def _group_processes(pgid: int) -> list:
+    """``pid state wchan command`` of every process in the process group ``pgid`` (ps's view)."""
+    done = subprocess.run(["ps", "-o", "pid=,stat=,wchan:20=,args=", "-g", str(pgid)], capture_output=True,
+                          text=True)
+    return [line.strip()[:200] for line in done.stdout.splitlines() if line.strip()]
 
 
 def main() -> int:

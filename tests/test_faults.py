@@ -23,7 +23,8 @@ SERVERLESS = registry.serverless()
 ])
 def test_one_worker_leaving_ends_the_job(algo, fault, shm):
     cell = faults.run_cell(algo, fault, shm, hang=150, limit=30)
-    assert not cell["hang"], f"{algo} {fault}: the job hung\n{cell.get('output_tail', '')}"
+    assert not cell["hang"], (f"{algo} {fault}: the job hung; still there when it was killed:\n"
+                              + "\n".join(cell.get("alive_at_hang", [])) + f"\n{cell.get('output_tail', '')}")
     assert cell["exit_status"] != 0, cell
     assert cell["named"], f"no line names the leaving worker:\n{cell.get('output_tail', '')}"
     assert not cell["left_processes"], cell
