@@ -228,7 +228,7 @@ class JobCheckpoints:
         CheckpointError on all when any part could not be made or written."""
         error = None
         try:
-            checkpoint.save(os.path.join(folder, f"worker-{self.comm.rank}.pt"), make_part(), kind=PART_KIND,
+            checkpoint.save(part_path(folder, self.comm.rank), make_part(), kind=PART_KIND,
                             meta=self.meta)
         except (OSError, TypeError, RuntimeError, ValueError) as exc:
             error = f"worker {self.comm.rank}: {exc}"
@@ -270,7 +270,7 @@ class JobCheckpoints:
         else:
             folder, part = os.path.join(self.directory, parts), None
             try:
-                part = checkpoint.load(os.path.join(folder, f"worker-{self.comm.rank}.pt"), kind=PART_KIND,
+                part = checkpoint.load(part_path(folder, self.comm.rank), kind=PART_KIND,
                                        expect=self.meta)
             except CheckpointError as exc:
                 error = str(exc)
@@ -284,6 +284,11 @@ class JobCheckpoints:
 PART_KIND = "worker-part"  # the kind of a worker's own file in a checkpoint's folder of parts
 
 
+def part_path(folder: str, rank: int) -> str:
+    """Where worker ``rank``'s part of a checkpoint is, in its folder of parts."""
+    return os.path.join(folder, f"worker-{rank}.pt")
+
+
 def read_whole(path: str) -> Dict[str, Any]:
     """The job checkpoint at ``path`` as one state, ``{"workers": [part of worker 0, ...], "job": ...}``,
     its workers' parts read from their files (the servers' shards stay in theirs: worker 0's part
@@ -291,7 +296,7 @@ def read_whole(path: str) -> Dict[str, Any]:
     state = checkpoint.load(path)
     if "parts" in state:
         folder = os.path.join(os.path.dirname(path), state["parts"])
-        state = dict(state, workers=[checkpoint.load(os.path.join(folder, f"worker-{r}.pt"), kind=PART_KIND)
+        state = dict(state, workers=[checkpoint.load(part_path(folder, r), kind=PART_KIND)
                                      for r in range(state["workers"])])
     return state
 

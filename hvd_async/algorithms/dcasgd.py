@@ -7,11 +7,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ..checkpoint import tensors_copy
 from ..options import option
 from ..rules import DCRule
 from ..transport import window as W
 from .compensation import Compensation, PushClip, PushClipOption
-from .flat import tensors_copy
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy

@@ -6,7 +6,6 @@ from typing import List, Optional
 import torch
 
 from ..checks import all_finite, finite_in_fp16
-from ..checkpoint import tensors_copy  # noqa: F401  (the algorithms' state copies)
 
 logger = logging.getLogger(__name__)
 

@@ -55,8 +55,9 @@ from ..rules import SGDRule
 from ..options import option
 from ..transport import window as W
 from ..transport.base import ReduceOp
+from ..checkpoint import tensors_copy
 from .base import Strategy
-from .flat import FlatModel, finite_grads, tensors_copy
+from .flat import FlatModel, finite_grads
 from .groups import InboxSlots
 from .payload import SGDPayload, check_server_sgd, server_sgd_hyper
 from .ps import load_server_state_dict, mailbox_snapshot, server_state_dict

@@ -38,11 +38,12 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from ..checkpoint import tensors_copy
 from ..checks import all_finite, norm_if_finite
 from ..rules import SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
-from .flat import FlatModel, tensors_copy, finite_grads
+from .flat import FlatModel, finite_grads
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
 

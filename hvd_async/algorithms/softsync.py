@@ -2,11 +2,11 @@
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from ..checkpoint import tensors_copy
 from ..checks import is_int_at_least
 from ..options import option
 from ..rules import RunningMean
 from ..transport import window as W
-from .flat import tensors_copy
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, check_choice
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 

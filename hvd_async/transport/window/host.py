@@ -291,15 +291,15 @@ class ShardHost:
 
     def _state_message(self) -> Tuple[str, Any]:
         """("ok", the shard's state) for a message to worker 0, or ("error", why) when it is larger than
-        one MPI message carries (its count is a C int). Copied: a pickled view (an outbox slot) would
-        carry its whole window."""
-        state = self.state_dict(copy=True)
+        one MPI message carries (its count is a C int), measured before anything is copied. Copied when
+        sent: a pickled view (an outbox slot) would carry its whole window."""
+        state = self.state_dict(copy=False)
         size = _tensor_bytes(state)
         if size > MESSAGE_LIMIT:
             return ("error", f"server {self.shard}: the shard's state is {size / 2**30:.1f} GiB, more than one "
                              f"MPI message carries ({MESSAGE_LIMIT / 2**30:.1f} GiB): take it with "
                              f"algorithm_state_dict(shard_dir=...), each server writing its own file")
-        return ("ok", state)
+        return ("ok", checkpoint.tensors_copy(state))
 
     def _save(self, path: str) -> Tuple[str, Dict[str, Any]]:
         """Write the shard's state to ``path`` (atomic: :func:`hvd_async.checkpoint.save`), streamed
