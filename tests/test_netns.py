@@ -105,10 +105,14 @@ def test_gossip_job_across_hosts(cluster, tmp_path):
 
 def test_reads_beside_concurrent_accumulates_across_hosts(cluster):
     """The weights and a gossip peer's window are read on one host while workers on the others add
-    into them (tests/mpi/rma_read_checks.py): no read sees a partial element."""
-    result = run(["bash", TOOL, "mpirun", "-np", "4", "-x", "SERVERS", "-x", "VALUE",
+    into them (tests/mpi/rma_read_checks.py): no read sees a partial element, and the reads of windows
+    on other hosts are accumulate-family ones (one rank per host in turn: the reader, world rank 1, is
+    alone on its host; the server and gossip's target are elsewhere)."""
+    result = run(["bash", TOOL, "mpirun", "-np", "4", "--map-by", "node", "-x", "SERVERS", "-x", "VALUE",
                   *python("tests/mpi/rma_read_checks.py")], timeout=300,
                  env=dict(ENV, SERVERS="1", VALUE=repr(1 / 3)))
     assert result.returncode == 0, result.out[-5000:]
     assert "RMA READ CHECKS OK weights_pull gossip_get" in result.out, result.out[-3000:]
-    assert re.search(r"GOSSIP GET reads=\d+ ", result.out), result.out[-3000:]
+    assert re.search(r"WEIGHTS PULL reads=\d+ .*atomic=\[0, 2, 3\] calls=\{'Get_accumulate'", result.out), \
+        result.out[-3000:]
+    assert re.search(r"GOSSIP GET reads=\d+ .*atomic=\[1, 2\] ", result.out), result.out[-3000:]

@@ -12,8 +12,9 @@ Concurrency (passive target, one lock epoch per access, never two locks held at 
 - a peer's ``get`` (pull) and ``accumulate`` (push) run under a *shared* lock on the target: readers
   do not block each other, and concurrent ``MPI_Accumulate(SUM)`` into one element are atomic in MPI,
   so no push is lost however many land together. ``get`` is a plain ``MPI_Get`` beside those
-  accumulates (MPI defines only accumulate-family reads there; why a plain one, and the test that
-  checks it never reads a partial element, in :mod:`hvd_async.transport.window`);
+  accumulates where the peer shares this node's memory, and ``Get_accumulate(NO_OP)`` where it is on
+  another node (MPI defines only accumulate-family reads there; why a plain one on a node, and the test
+  that checks it never reads a partial element, in :mod:`hvd_async.transport.window`);
 - the owner touches its own window's memory only inside ``own()``, an *exclusive* lock on itself:
   it waits for the epochs in progress and keeps every peer out while it reads, folds and rewrites
   the buffer and the weight, so a peer never sees the pair half-updated and no push lands in the
@@ -41,7 +42,7 @@ import torch
 from ..checks import is_finite_number
 from .base import Transport
 from .leave import LeaveWatch
-from .window import OSC_HINT
+from .window import OSC_HINT, atomic_read_targets
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class PeerWindowTransport(Transport):
                                "at its default 'multiple')")
         self._MPI = MPI
         self.name, self.numel, self.progress_interval = name, int(numel), float(progress_interval)
+        self.atomic_reads = atomic_read_targets(comms.group)  # peers read with Get_accumulate(NO_OP)
         self.comm = comms.group.Dup()
         self._rank, self._size = self.comm.rank, self.comm.size
         try:
@@ -97,6 +99,7 @@ class PeerWindowTransport(Transport):
         self._buffer = torch.from_numpy(np.frombuffer(memory, dtype=np.float32, count=self.numel, offset=HEADER))
         self._in_weight = np.zeros(1, dtype=np.float64)
         self._out_weight = np.zeros(1, dtype=np.float64)
+        self._no_op = ([np.empty(0, dtype=np.float64), MPI.DOUBLE], [np.empty(0, dtype=np.float32), MPI.FLOAT])
         with self.own() as (buf, weight):
             buf.zero_()
             weight[0] = 0.0
@@ -162,8 +165,14 @@ class PeerWindowTransport(Transport):
         array = self._array(out)
         win.Lock(peer, MPI.LOCK_SHARED)
         try:
-            win.Get([self._in_weight, MPI.DOUBLE], peer, target=(0, 1, MPI.DOUBLE))
-            win.Get([array, MPI.FLOAT], peer, target=(HEADER, self.numel, MPI.FLOAT))
+            if peer in self.atomic_reads:  # element-atomic beside the pushers' accumulates
+                win.Get_accumulate(self._no_op[0], [self._in_weight, MPI.DOUBLE], peer, target=(0, 1, MPI.DOUBLE),
+                                   op=MPI.NO_OP)
+                win.Get_accumulate(self._no_op[1], [array, MPI.FLOAT], peer, target=(HEADER, self.numel, MPI.FLOAT),
+                                   op=MPI.NO_OP)
+            else:
+                win.Get([self._in_weight, MPI.DOUBLE], peer, target=(0, 1, MPI.DOUBLE))
+                win.Get([array, MPI.FLOAT], peer, target=(HEADER, self.numel, MPI.FLOAT))
         finally:
             win.Unlock(peer)  # the data is in ``out`` once this returns
         return float(self._in_weight[0])

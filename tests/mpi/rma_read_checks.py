@@ -3,9 +3,11 @@ tests/test_rma_reads.py (and tests/test_netns.py across hosts): ``SERVERS=S pyth
 [CHECK ...]``.
 
 MPI defines a read beside concurrent ``Accumulate``s only for accumulate-family reads
-(``Get_accumulate`` with ``NO_OP``), and then per element. The transports read the weights with plain
-``Get`` all the same (an accumulate-family read halves push+pull's bandwidth: see
-hvd_async/transport/window/__init__.py), so these checks are the evidence that no read sees a partial element:
+(``Get_accumulate`` with ``NO_OP``), and then per element. The transports read windows on their own
+node with plain ``Get`` all the same (an accumulate-family read halves push+pull's bandwidth: see
+hvd_async/transport/window/__init__.py), and those on other nodes with ``Get_accumulate``
+(``HVD_ASYNC_ATOMIC_READS``: ``always`` forces it on one node too). These checks are the evidence that
+no read sees a partial element, and that each read is of the kind its target calls for:
 workers add vectors of ones while worker 0 reads the whole window again and again through the
 transport's own read (``WindowTransport.pull``/``pull_async``/``read_stats``, ``PeerWindowTransport.get``),
 and every read must hold, element by element, a whole number of pushes: an integer in ``[0, pushes]``,
@@ -134,6 +136,19 @@ def _calls_check(what: str, recording: Recording, wanted) -> None:
     check(wanted <= used, f"{what}: expected reads with {sorted(wanted)}, saw {dict(recording.calls)}")
 
 
+def _reads_check(what: str, recording: Recording, targets, atomic) -> None:
+    """The data reads went where they should: accumulate-family reads for the ``targets`` in
+    ``atomic`` (off this node, or every one under HVD_ASYNC_ATOMIC_READS=always), plain ones elsewhere."""
+    wanted = set()
+    if any(k in atomic for k in targets):
+        wanted |= {"Get_accumulate"}
+    if any(k not in atomic for k in targets):
+        wanted |= {"Get"}
+    used = {name.replace("Rget", "Get") for name in recording.calls if name in READS_OK | PLAIN_READS}
+    check(used == wanted, f"{what}: targets {sorted(targets)}, atomic {sorted(atomic)}: expected reads with "
+          f"{sorted(wanted)} (and their R- forms), saw {dict(recording.calls)}")
+
+
 def weights_pull():
     """asgd's windows (accumulate mode): workers 1.. push ones; worker 0 only reads, alternating
     ``pull`` and ``pull_async``, and now and then the shards' counters (``read_stats``)."""
@@ -162,8 +177,9 @@ def weights_pull():
     total = _race("reader" if rank == 0 else "pusher", read, lambda: t.accumulate(ones))
     if rank == 0:
         _calls_check("read_stats", t._win.meta, {"Get_accumulate", "Fetch_and_op"})
+        _reads_check("pull", t._win.weights, range(t.servers), t.atomic_reads)
         say(f"WEIGHTS PULL reads={reads.count} mixed={reads.mixed} workers={workers} pushes={total} "
-            f"calls={dict(t._win.weights.calls)}")
+            f"atomic={sorted(t.atomic_reads)} calls={dict(t._win.weights.calls)}")
         t._win.weights, t._win.meta = weights, meta
     t.pull(flat)
     want = float(reads.table[total])
@@ -194,8 +210,9 @@ def gossip_get():
     role = "reader" if rank == 0 else "target" if rank == target else "pusher"
     total = _race(role, read, lambda: t.accumulate(target, ones, weight=1.0))
     if rank == 0:
+        _reads_check("get", t._win, [target], t.atomic_reads)
         say(f"GOSSIP GET reads={reads.count} mixed={reads.mixed} workers={workers} pushes={total} "
-            f"calls={dict(t._win.calls)}")
+            f"atomic={sorted(t.atomic_reads)} calls={dict(t._win.calls)}")
         t._win = win
     if rank != target:
         weight = t.get(target, out)

@@ -41,15 +41,18 @@ touches their memory directly between ``Win.Sync`` calls. Headers and answers ar
 messages on the transport's own communicator: the data never leaves the windows, and a worker
 waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network.
 
-Reads of the weights are plain ``Get``/``Rget``, also in accumulate mode where other workers may be
-adding into the same elements meanwhile. MPI leaves such a read undefined (only accumulate-family
-reads, ``Get_accumulate`` with ``NO_OP``, are element-atomic beside accumulates), but on the
-platforms we run (Open MPI's ``osc/sm`` and ``osc/rdma`` over TCP, x86-64, aligned 4-byte floats) a
-read never sees a partial element: ``tests/mpi/rma_read_checks.py`` reads while workers push, over
-shared memory, TCP and three netns hosts, and checks every element of every read. A NO_OP
-``Get_accumulate`` in its place makes a push+pull round 1.17-1.59 times as long over shared memory
-from 1 MB up, and 1.4-2.0 times over TCP up to 1 MB (``benchmarks/results/rma_atomic_reads_*.json``),
-so the hot path does without it. A pull may see
+Reads of the weights from a shard on this node are plain ``Get``/``Rget``, also in accumulate mode
+where other workers may be adding into the same elements meanwhile. MPI leaves such a read undefined
+(only accumulate-family reads, ``Get_accumulate`` with ``NO_OP``, are element-atomic beside
+accumulates), but Open MPI's shared-memory windows (``osc/sm``, x86-64, aligned 4-byte floats) never
+show a partial element, and neither did ``osc/rdma`` over TCP on one node:
+``tests/mpi/rma_read_checks.py`` reads while workers push and checks every element of every read. A
+NO_OP ``Get_accumulate`` in its place makes a push+pull round take longer
+(``benchmarks/results/rma_atomic_reads_*.json``), so the hot path does without it there. A shard on
+another node is read with ``Get_accumulate(NO_OP)``: there the one-sided component is a network one
+(``osc/ucx`` over TCP adds a float as lock, get, add, put at the target), which a plain read could
+catch half done (``layout.atomic_read_targets``; ``HVD_ASYNC_ATOMIC_READS=always|never`` forces
+either). A pull may see
 some elements of a concurrent push and not others, as asgd's analysis allows. The small meta
 counters are read with accumulate-family calls (``read_stats``, ``read_values``: ``Fetch_and_op``,
 ``Get_accumulate``; ``publish_value`` writes with ``Accumulate(REPLACE)``). In mailbox mode no worker

@@ -69,6 +69,10 @@ class WindowTransport(MetaAccess, ServerState, Transport):
                 comms.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
         self.comm = comms.win_comm.Dup()
         self._win = _Windows(self.comm, self.spec, None)
+        # shards whose weights other workers add into while this one reads them: there, across nodes,
+        # the read is accumulate-family (atomic per element; see layout.atomic_read_targets)
+        self.atomic_reads = self._win.atomic if mode == "accumulate" else frozenset()
+        self._no_float = [np.empty(0, dtype=np.float32), MPI.FLOAT]
         self._win.lock_all()
         self._watch = LeaveWatch(comms.group, f"{algorithm} transport")  # no collective waits for a leaver
         self._versions = np.zeros(comms.servers, dtype=np.int64)   # version each shard had at the last pull
@@ -156,6 +160,20 @@ class WindowTransport(MetaAccess, ServerState, Transport):
             raise ValueError(f"the weights window holds float32: expected a float32 tensor, got {flat.dtype}")
         return slices
 
+    def _get(self, part, k: int, target) -> None:
+        """Read ``target`` of shard ``k``'s weights into ``part`` (a plain ``Get``, or where
+        ``atomic_reads`` names the shard, ``Get_accumulate`` with ``NO_OP``)."""
+        if k in self.atomic_reads:
+            self._win.weights.Get_accumulate(self._no_float, part, k, target=target, op=self._MPI.NO_OP)
+        else:
+            self._win.weights.Get(part, k, target=target)
+
+    def _rget(self, part, k: int, target):
+        """``_get`` as a request."""
+        if k in self.atomic_reads:
+            return self._win.weights.Rget_accumulate(self._no_float, part, k, target=target, op=self._MPI.NO_OP)
+        return self._win.weights.Rget(part, k, target=target)
+
     def _check_idle(self) -> None:
         if self._closed:
             self._check_open()
@@ -185,7 +203,7 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         for k in range(self.servers):
             self._win.meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k,
                                         META_VERSION, op=MPI.NO_OP)
-        requests = [self._win.weights.Rget(part, k, target=target) for k, part, target in self._weight_slices(flat)]
+        requests = [self._rget(part, k, target) for k, part, target in self._weight_slices(flat)]
 
         def finish(keep=flat):
             MPI.Request.Waitall(requests)
@@ -219,7 +237,7 @@ class WindowTransport(MetaAccess, ServerState, Transport):
             for k, buf in enumerate(self._read_bufs):
                 meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
         for k, part, target in self._weight_slices(flat):
-            weights.Get(part, k, target=target)
+            self._get(part, k, target)
         weights.Flush_all()
         if not after_push:
             meta.Flush_all()
@@ -305,7 +323,7 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         servers = [k for k, _, _ in slices]  # (the shards that hold weights)
         _flush_servers(weights, servers)  # the delta is in the weights before they are read
         for k, part, target in slices:
-            weights.Get(part, k, target=target)
+            self._get(part, k, target)
         _flush_servers(weights, servers)
         _flush_servers(self._win.meta, range(len(self._fetch_bufs)))  # every shard's version bump
         staleness = self._push_counted()

@@ -1,6 +1,7 @@
 """The windows' layout and wire format, shared by the worker side (:mod:`.client`) and the server
 side (:mod:`.host`): the meta slots, the request header and answer, the tags, the shard bounds, the
 specification worker 0 sends the servers, and the window allocation (see :mod:`hvd_async.transport.window`)."""
+import os
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Dict, List, Optional, Tuple
@@ -13,7 +14,7 @@ __all__ = [  # what hvd_async.transport.window re-exports
     "H_LEN", "Kind", "Status", "Request", "Answers", "encode_request", "R_VERSION", "R_STALENESS", "R_PUSHES",
     "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
     "TAG_GRANT",
-    "MODES", "OSC_HINT", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats", "Pending",
+    "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats", "Pending",
 ]
 
 HIST_BINS = 64
@@ -231,6 +232,39 @@ def _allocate(comm, count: int, dtype) -> Any:
         raise RuntimeError(f"{OSC_HINT} (MPI said: {exc.Get_error_string()})") from None
 
 
+ATOMIC_READS_ENV = "HVD_ASYNC_ATOMIC_READS"
+ATOMIC_READS = ("auto", "always", "never")
+
+
+def atomic_read_targets(comm) -> frozenset:
+    """The ranks of ``comm`` whose windows this process reads with ``Get_accumulate(NO_OP)`` instead of
+    a plain ``Get`` where other ranks may be accumulating into the same elements meanwhile.
+
+    MPI defines only accumulate-family reads beside concurrent accumulates. Within a node Open MPI's
+    shared-memory windows (``osc/sm``) make a plain aligned read whole, and it is the faster read (see
+    :mod:`hvd_async.transport.window`). Across nodes the one-sided component is a network one
+    (``osc/ucx`` over TCP does a float ``SUM`` as lock, get, add, put at the target), so a plain read
+    served meanwhile could see an element half written. ``HVD_ASYNC_ATOMIC_READS``: ``auto`` (the
+    default) reads the ranks on other nodes atomically, ``always`` every rank, ``never`` none.
+    Collective over ``comm``."""
+    from mpi4py import MPI
+
+    how = os.environ.get(ATOMIC_READS_ENV, "auto").strip().lower() or "auto"
+    if how not in ATOMIC_READS:
+        raise ValueError(f"{ATOMIC_READS_ENV}={how!r} is not one of {', '.join(ATOMIC_READS)}: unset it, or "
+                         f"set 'always' or 'never' to force the weights' reads one way")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # collective: called alike whatever ``how`` is
+    groups = node.Get_group(), comm.Get_group()
+    try:
+        here = groups[0].Translate_ranks(list(range(node.size)), groups[1])
+    finally:
+        for group in groups:
+            group.Free()
+        node.Free()
+    everyone = frozenset(range(comm.size))
+    return {"always": everyone, "never": frozenset(), "auto": everyone - frozenset(here)}[how]
+
+
 def _window_array(win, count: int, dtype) -> np.ndarray:
     return np.frombuffer(win.tomemory(), dtype=dtype, count=count)
 
@@ -241,6 +275,7 @@ class _Windows:
     def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
         n = spec.shard_len(shard) if shard is not None else 0
         mailbox = spec.mode == "mailbox"
+        self.atomic = atomic_read_targets(comm)  # the ranks whose weights a worker reads atomically
         self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
         self.weights = _allocate(comm, n, np.float32)
         self.inbox = _allocate(comm, n * spec.inbox_slots if mailbox else 0, spec.wire_dtype)
