@@ -1,8 +1,11 @@
 """One error, one line: an uncaught error raised alike on several ranks (a bad option every worker
 passes) is said once, by the lowest rank that has it, and an error of the library's bad-input kind
 (a ``ValueError`` or ``TypeError`` raised inside ``hvd_async``) is one line naming where the call
-was made, without the traceback (``HVD_ASYNC_DEBUG=1`` prints it)."""
+was made, without the traceback (``HVD_ASYNC_DEBUG=1`` prints it). And every ending of the job on an
+error goes through :func:`abort`, which makes sure the aborting process does end."""
 import os
+import signal
+import sys
 import time
 import traceback
 from typing import Optional
@@ -43,3 +46,25 @@ def lowest_alike(comm, key: str, grace: float) -> Optional[int]:
                 alike.append(source)
         time.sleep(0.01)
     return min(alike) if alike else None
+
+
+# After MPI_Abort, the seconds before the kernel ends this process if it is somehow still alive.
+ABORT_BACKSTOP_SECONDS = 10
+
+
+def abort(world, code: int, *, wait: float = 0.0) -> None:
+    """End the whole job with ``code`` (``MPI_Abort`` on ``world``) after ``wait`` seconds (the other
+    ranks' time to report). MPI_Abort hands the ending to mpirun and then leaves this process through
+    the C library's exit; should anything there keep the process alive (an exit handler waiting on a
+    thread that is blocked in MPI), mpirun would never hear that it ended. So an alarm is armed first:
+    ``ABORT_BACKSTOP_SECONDS`` later SIGALRM's default action ends the process, and mpirun, seeing a
+    rank die on a signal, ends the job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(wait)
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a handler the script installed would run in Python
+    except ValueError:  # not the main thread: the alarm still fires (with Python's own default: none)
+        pass
+    signal.alarm(ABORT_BACKSTOP_SECONDS)
+    world.Abort(code)

@@ -8,6 +8,7 @@ import sys
 import time
 import traceback
 
+from . import failures
 from .config import ConfigError
 
 
@@ -245,7 +246,4 @@ def exit_process(code: int) -> None:
 
 def _abort_after(world, seconds: float, code: int) -> None:
     """End the whole job with ``code`` (MPI_Abort), after giving the others ``seconds`` to report."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(seconds)
-    world.Abort(code)
+    failures.abort(world, code, wait=seconds)

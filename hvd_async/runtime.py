@@ -172,10 +172,7 @@ def departure_message(exc) -> Optional[str]:
 
 
 def _abort(code: int, grace: float = ABORT_GRACE_SECONDS) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(grace)
-    _rt.world.Abort(code)
+    failures.abort(_rt.world, code, wait=grace)
 
 
 def _runtime() -> _Runtime:
