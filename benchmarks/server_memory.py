@@ -47,7 +47,6 @@ def algorithm_options(algo: str, inbox_slots, shared_momentum: bool = False) -> 
     from dataclasses import fields
 
     from hvd_async import registry
-    from hvd_async.algorithms.softsync import MomentumOptions
 
     cls = registry.strategy_class(algo).Options
     options = dict(OPTIONS.get(algo, {}))
@@ -56,8 +55,6 @@ def algorithm_options(algo: str, inbox_slots, shared_momentum: bool = False) -> 
         options["inbox_slots"] = inbox_slots
     if shared_momentum and "server_momentum" in names:
         options["server_momentum"] = "shared"
-    elif shared_momentum and issubclass(cls, MomentumOptions):  # softsync's own flag for it
-        options["momentum"] = "shared"
     return options
 
 

@@ -1,8 +1,8 @@
 """server_momentum: one momentum buffer shared by every push against one per worker, on the validation split.
 
 The servers of dc-asgd, lc-asgd and softsync keep, by default, a momentum buffer per worker: a copy of
-the shard per worker. ``--server-momentum shared`` (dc-asgd, lc-asgd; softsync: ``--softsync-momentum
-shared``) keeps one. This benchmark trains each algorithm both ways with the reference job on
+the shard per worker. ``--server-momentum shared`` (softsync's was ``--softsync-momentum shared`` before it took the
+same name) keeps one. This benchmark trains each algorithm both ways with the reference job on
 Fashion-MNIST (``--dataset fashion-mnist``: LeNet, ssgd's lr from the validation sweep, momentum 0.9,
 batch 32 per worker, one server) and scores the validation split (``--eval-on val``: the test split is
 never read), at 4 and 8 workers, seeds 1-3 (seeds 11-20 and from 100 on are kept for scoring, and
@@ -30,7 +30,7 @@ import statistics
 from common import HERE, provenance, train_job, write_record
 
 RESERVED = "seeds 11-20 and >= 100 are kept for the final tables (issue 47)"
-FLAG = {"dc-asgd": "--server-momentum", "lc-asgd": "--server-momentum", "softsync": "--softsync-momentum"}
+FLAG = {"dc-asgd": "--server-momentum", "lc-asgd": "--server-momentum", "softsync": "--server-momentum"}
 VARIANTS = ("per-worker", "shared")
 MARGIN = 0.01  # one point of accuracy
 DIVERGED_BELOW = 0.5

@@ -39,7 +39,7 @@ INBOX_SLOTS_HELP = ("inbox slots per server shard: a push claims a free one and 
                     "it has taken the gradient, so the servers' inbox memory stops growing with the workers "
                     "past this many (0: one slot per worker, no claim)")
 SERVER_MOMENTA = ("per-worker", "shared")
-SERVER_MOMENTUM_HELP = ("where the servers keep the pushes' momentum (dc-asgd, lc-asgd): a buffer per worker "
+SERVER_MOMENTUM_HELP = ("where the servers keep the pushes' momentum: a buffer per worker "
                         "(per-worker: a round of pushes makes one ssgd momentum step, and the look-ahead sums the "
                         "buffers), or one buffer every push goes through (shared, as MXNet's DC-ASGD keeps: no "
                         "momentum copy per worker on the servers; the look-ahead carries it over the next pushes)")

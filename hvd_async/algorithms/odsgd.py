@@ -213,7 +213,7 @@ class _GlobalStepProgram(SoftSyncProgram):
     step is written under ``host.writing_weights``)."""
 
     def __init__(self, host):
-        super().__init__(host, SoftSyncOptions(n=1, staleness_lr=False, momentum="shared", push_rate="full",
+        super().__init__(host, SoftSyncOptions(n=1, staleness_lr=False, server_momentum="shared", push_rate="full",
                                                lookahead=False))
         host.reset_writing_mark()
 

@@ -1,4 +1,5 @@
 """softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -7,7 +8,8 @@ from ..checks import is_int_at_least
 from ..options import option
 from ..rules import RunningMean
 from ..transport import window as W
-from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, check_choice
+from .groups import (SERVER_MOMENTA, Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum,
+                     check_choice)
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
 
@@ -29,23 +31,31 @@ class AggregateOptions(OptionGroup):
 
 
 @dataclass
-class MomentumOptions(OptionGroup):
-    """Where softsync's servers keep momentum (its own field, after compression)."""
+class DeprecatedMomentum(ServerMomentum):
+    """softsync's ``momentum`` (``--softsync-momentum``), the name it had before the servers' momentum
+    took one name for every algorithm (``server_momentum``, ``--server-momentum``): still accepted,
+    with a FutureWarning, and moved onto ``server_momentum``."""
 
-    momentum: str = option("per-worker", "a momentum buffer per worker on the servers, as dc-asgd keeps "
-                           "(per-worker), or one for every aggregate (shared)", flag="--softsync-momentum",
-                           choices=("per-worker", "shared"))
+    momentum: Optional[str] = option(None, "deprecated: the old name of --server-momentum (same values)",
+                                     flag="--softsync-momentum", choices=SERVER_MOMENTA)
 
     def __post_init__(self):
+        if self.momentum is not None:
+            check_choice("momentum", self.momentum, SERVER_MOMENTA, "'per-worker' or 'shared' (and name it "
+                         "server_momentum: momentum is its deprecated name)")
+            if self.server_momentum not in ("per-worker", self.momentum):
+                raise ValueError(f"momentum={self.momentum!r} and server_momentum={self.server_momentum!r} say two "
+                                 f"things; give server_momentum alone (momentum is its deprecated name)")
+            warnings.warn(f"softsync's momentum={self.momentum!r} (--softsync-momentum) is deprecated and will be "
+                          f"removed: use server_momentum={self.momentum!r} (--server-momentum), the name dc-asgd "
+                          f"and lc-asgd use", FutureWarning, stacklevel=3)
+            self.server_momentum, self.momentum = self.momentum, None
         super().__post_init__()
-        check_choice("momentum", self.momentum, ("per-worker", "shared"), "'per-worker' (one buffer per worker, "
-                     "as asgd and dc-asgd keep) or 'shared' (one buffer for every aggregate)")
 
 
 @dataclass
-class SoftSyncOptions(LookaheadOption, PushRate, MomentumOptions, InboxSlots, Compression, AggregateOptions):
-    """softsync's options: n and staleness_lr, compression, momentum, push rate, look-ahead."""
-
+class SoftSyncOptions(LookaheadOption, PushRate, DeprecatedMomentum, InboxSlots, Compression, AggregateOptions):
+    """softsync's options: n and staleness_lr, compression, server momentum, push rate, look-ahead."""
 
 
 class SoftSync(MailboxStrategy):
@@ -61,7 +71,7 @@ class SoftSync(MailboxStrategy):
         staleness_lr: divide each gradient's rate by ``max(1, staleness)`` (the paper's rule;
             default False: on top of ``push_rate='average'`` it cuts the progress per epoch again).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
-        momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
+        server_momentum: ``'per-worker'`` (default: each worker's gradients go through a momentum buffer of
             its own, as in dc-asgd and asgd, and an aggregate is the mean of the workers' directions,
             so ``n=1`` is ssgd and ``n=workers`` with ``staleness_lr=False`` is asgd with
             ``push_rate='full'``) or ``'shared'`` (one buffer for every aggregate).
@@ -104,7 +114,7 @@ class SoftSync(MailboxStrategy):
         """An outbox only for the per-worker look-ahead, whose answer differs per worker, or under fp16
         compression (the answer crosses in half precision; the weights window is fp32); otherwise every
         pusher reads the weights window after its answer, and the servers hold no copy per worker."""
-        return (options.momentum == "per-worker" and options.lookahead) or options.compression == "fp16"
+        return (not options.shared_momentum and options.lookahead) or options.compression == "fp16"
 
     @classmethod
     def server_program(cls, host):
@@ -121,7 +131,7 @@ class SoftSyncProgram(MailboxProgram):
         self.outbox_on_push = host.spec.outbox  # False: the pushers read the weights window after the answer
         self.c = max(1, host.spec.workers // options.n)
         self.scale = options.staleness_lr
-        momentum, lookahead = options.momentum, options.lookahead
+        lookahead = options.lookahead
         # 'average': an aggregate of c gradients takes c / workers of the rate, so that the
         # aggregates of one round of pushes (one per worker) make one ssgd step
         self.rate = self.c / host.spec.workers if options.push_rate == "average" else 1.0
@@ -130,7 +140,7 @@ class SoftSyncProgram(MailboxProgram):
         # 'per-worker': each worker's gradients go through its own momentum buffer (dc-asgd's and
         # asgd's), and the aggregate is the staleness-scaled mean of the workers' directions: n=1 is
         # then ssgd's single buffer (the mean of linear buffers), n=workers asgd's. 'shared': one buffer.
-        self.momentum = [{} for _ in range(host.spec.workers)] if momentum == "per-worker" else None
+        self.momentum = None if options.shared_momentum else [{} for _ in range(host.spec.workers)]
         # the look-ahead needs the per-worker buffers, and the pushers' answers in their outbox slots
         use = lookahead and self.momentum is not None and self.outbox_on_push
         self.lookahead = Lookahead(host.weights) if use else None

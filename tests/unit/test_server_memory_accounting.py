@@ -35,7 +35,7 @@ def test_shared_momentum_leaves_only_the_backups_growing():
     for algo in ("dc-asgd", "lc-asgd"):
         assert at(algo, 8, server_momentum="shared") - at(algo, 4, server_momentum="shared") == pytest.approx(4.0)
         assert at(algo, 8) - at(algo, 4) == pytest.approx(8.0)  # (per-worker: the momentum copies too)
-    assert at("softsync", 8, momentum="shared") == pytest.approx(at("softsync", 4, momentum="shared"))
+    assert at("softsync", 8, server_momentum="shared") == pytest.approx(at("softsync", 4, server_momentum="shared"))
 
 
 @pytest.mark.parametrize("workers", [2, 6])

@@ -48,7 +48,7 @@ def dc_options(**given):
 
 def softsync_options(**given):
     """softsync's options with one shared buffer, the full rate and no look-ahead unless given."""
-    return SoftSyncOptions(**dict(dict(momentum="shared", push_rate="full", lookahead=False), **given))
+    return SoftSyncOptions(**dict(dict(server_momentum="shared", push_rate="full", lookahead=False), **given))
 
 
 def header(worker=0, lr=0.1, momentum=0.9, weight_decay=0.01):
@@ -72,7 +72,7 @@ def test_softsync_at_n_workers_unscaled_is_asgd_under_momentum(momentum):
     """An interleaved order of pushes (as asynchrony makes it): per-worker buffers give dc-asgd's
     (lam 0) weights bit for bit; one shared buffer does not (it mixes every worker's momentum)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(1))
-    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum=momentum))
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum=momentum))
     dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95))
     order = [0, 1, 0, 2, 3, 1, 1, 0, 3, 2, 2, 0, 1, 3]
     rng = gradients(len(order))
@@ -87,7 +87,7 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
     """n = 1: each aggregate holds one gradient from every worker; per-worker buffers averaged are
     ssgd's buffer of the averaged gradient (to rounding)."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(2))
-    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=1, staleness_lr=True, momentum="per-worker"))
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=1, staleness_lr=True, server_momentum="per-worker"))
     reference, state = w0.clone(), {}
     for grads in gradients(6, seed=3):
         for worker in (2, 0, 3, 1):
@@ -99,10 +99,10 @@ def test_softsync_at_n_one_is_synchronous_sgd_with_one_buffer():
 
 def test_softsync_momentum_survives_a_state_dict():
     w0 = torch.zeros(N)
-    first = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=True, momentum="per-worker"))
+    first = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=True, server_momentum="per-worker"))
     for i, worker in enumerate([0, 1, 2, 0]):
         push(first, worker, gradients(4)[i][worker])
-    second = SoftSyncProgram(FakeHost(first.host.weights), softsync_options(n=WORKERS, staleness_lr=True, momentum="per-worker"))
+    second = SoftSyncProgram(FakeHost(first.host.weights), softsync_options(n=WORKERS, staleness_lr=True, server_momentum="per-worker"))
     second.load_state_dict(first.state_dict())
     second.host.version, second.host.outbox = first.host.version, [o.clone() for o in first.host.outbox]
     for program in (first, second):
@@ -141,7 +141,7 @@ def test_softsync_lookahead_is_dc_asgds_at_n_workers():
     """softsync with n = workers and the rate unscaled applies each push alone: its answers are
     dc-asgd's (lam 0) look-ahead answers; the per-push share of the rate is lr / 1 here."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(6))
-    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum="per-worker", lookahead=True))
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum="per-worker", lookahead=True))
     dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     for i, worker in enumerate([3, 1, 0, 2, 1, 3, 0]):
         grad = gradients(7, seed=7)[i][worker]
@@ -193,7 +193,7 @@ def test_a_closed_workers_momentum_leaves_the_look_ahead(algorithm):
     if algorithm == "dc-asgd":
         program = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     else:
-        program = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, momentum="per-worker",
+        program = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum="per-worker",
                                   lookahead=True))
     rng = gradients(3, seed=5)
     for r in range(3):
@@ -406,6 +406,29 @@ def test_softsync_keeps_an_outbox_only_where_answers_differ_per_worker():
     from hvd_async.algorithms.softsync import SoftSync
 
     assert SoftSync.outbox_for(SoftSyncOptions())
-    assert not SoftSync.outbox_for(SoftSyncOptions(momentum="shared"))
+    assert not SoftSync.outbox_for(SoftSyncOptions(server_momentum="shared"))
     assert not SoftSync.outbox_for(SoftSyncOptions(lookahead=False))
-    assert SoftSync.outbox_for(SoftSyncOptions(momentum="shared", compression="fp16"))
+    assert SoftSync.outbox_for(SoftSyncOptions(server_momentum="shared", compression="fp16"))
+
+
+def test_softsyncs_old_momentum_name_still_works_with_a_warning():
+    """softsync's ``momentum`` became ``server_momentum`` (dc-asgd's and lc-asgd's name): the old keyword
+    and flag still set it, with a FutureWarning naming the new one; the two saying different things is
+    refused."""
+    from hvd_async import config
+
+    with pytest.warns(FutureWarning, match=r"use server_momentum='shared' \(--server-momentum\)"):
+        old = SoftSyncOptions(momentum="shared")
+    assert old.server_momentum == "shared" and old.shared_momentum and old.momentum is None
+    with pytest.warns(FutureWarning):
+        assert SoftSyncOptions(momentum="shared", server_momentum="shared").server_momentum == "shared"
+    with pytest.raises(ValueError, match="momentum='per-worker' and server_momentum='shared' say two things"):
+        SoftSyncOptions(momentum="per-worker", server_momentum="shared")
+    with pytest.raises(ValueError, match="momentum must be .per-worker. or .shared. .and name it server_momentum"):
+        SoftSyncOptions(momentum="both")
+    with pytest.warns(FutureWarning, match="--softsync-momentum"):  # the job's validation builds the options
+        args = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--softsync-momentum", "shared"]))
+    with pytest.warns(FutureWarning):
+        assert SoftSyncOptions(**config.algorithm_options(args)).server_momentum == "shared"
+    args = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--server-momentum", "shared"]))
+    assert SoftSyncOptions(**config.algorithm_options(args)).server_momentum == "shared"
