@@ -329,6 +329,19 @@ def default_odsgd():
             f"CNN at 4 workers, {seeds(name, 'od-sgd', 'cnn-4')}")
 
 
+def bench_atomic_reads():
+    """What a read MPI defines beside concurrent accumulates costs across hosts, per size."""
+    name = "rma_atomic_reads_netns.json"
+    r = record(name)
+    sizes = "; ".join(f"{row['bytes'] // 1024 if row['bytes'] < 1 << 20 else row['bytes'] >> 20} "
+                      f"{'KB' if row['bytes'] < 1 << 20 else 'MB'} {f2(row['atomic_over_raw'])} "
+                      f"({f2(row['atomic_over_raw_min'])} to {f2(row['atomic_over_raw_max'])})" for row in r["rows"])
+    return (f"raw `Accumulate` + `Get_accumulate(NO_OP)` over raw `Accumulate` + `Get`, median of {r['blocks']} "
+            f"alternating blocks per size, each with its blocks' range, {r['workers']} workers and "
+            f"{r['servers']} server on the three netns hosts (`{name}`, commit {r['provenance']['commit'][:7]}): "
+            f"{sizes}")
+
+
 CLAIMS = [
     ("README.md", readme_straggler), ("README.md", readme_ci_time), ("README.md", readme_seeds),
     ("README.md", setup_time),
@@ -343,6 +356,7 @@ CLAIMS = [
     ("docs/guide.md", default_server_lookahead), ("docs/guide.md", default_worker_lookahead),
     ("docs/guide.md", default_momentum), ("docs/guide.md", default_lc_lam), ("docs/guide.md", default_easgd_tau),
     ("docs/guide.md", default_gossip), ("docs/guide.md", default_compensate), ("docs/guide.md", default_odsgd),
+    ("docs/guide.md", bench_atomic_reads),
 ]
 
 
