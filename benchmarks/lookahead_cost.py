@@ -64,7 +64,7 @@ def make(algo: str, numel: int, lookahead: bool, wire: str = "fp32"):
     if algo == "dc-asgd":
         return DCProgram(host, DCASGDOptions(lam=2.0, adaptive=True, ms_momentum=0.95, lookahead=lookahead,
                                              push_clip=0.0))
-    return SoftSyncProgram(host, SoftSyncOptions(n=WORKERS, staleness_lr=False, momentum="per-worker",
+    return SoftSyncProgram(host, SoftSyncOptions(n=WORKERS, staleness_lr=False, server_momentum="per-worker",
                                                  push_rate="average", lookahead=lookahead))
 
 

@@ -16,7 +16,7 @@ RESNET50 = 25_557_032  # torchvision's resnet50: parameters
 WORKERS, SHARDS = (64, 256), (1, 4, 16)
 NEEDS = {"dbs-asgd": {"batch_size": 32}, "od-sgd": {"exchange": "window"}}  # (the options they cannot do without)
 SHARED = {"server_momentum": "shared"}  # the rows for one momentum buffer shared by every push
-VARIANTS = {"dc-asgd": SHARED, "lc-asgd": SHARED, "softsync": {"momentum": "shared"}}
+VARIANTS = {"dc-asgd": SHARED, "lc-asgd": SHARED, "softsync": SHARED}
 
 
 def _line(copies) -> str:

@@ -24,7 +24,7 @@ Where optimizer state lives:
   buffer per worker (what asgd keeps on each worker, so that dc-asgd with ``lam=0`` is asgd; one
   buffer shared by all pushes, as MXNet's DCASGD has, adds the implicit momentum of asynchrony to
   the explicit one, too much momentum at 0.9); softsync keeps one per worker as well
-  (an aggregate is the mean of the workers' momentum directions; ``momentum='shared'`` keeps one
+  (an aggregate is the mean of the workers' momentum directions; ``server_momentum='shared'`` keeps one
   buffer for every aggregate). dc-asgd's backups ``w_bak(m)`` are the server's
   per-worker outbox slots: exactly what worker m received.
 

@@ -19,7 +19,6 @@ import torch
 from .. import registry
 from ..algorithms.base import parse_options
 from ..transport import window as W
-from ..transport.window.host import WidenedSlots
 from .windows import SimShardHost
 
 SIZES = (2048, 4096)  # shard elements of the two counts (their difference is what scales)
@@ -53,23 +52,18 @@ def _held_bytes(obj: Any, windows: set, seen: set, storages: Dict[int, int]) -> 
 def _program_bytes(cls, spec: W.WindowSpec) -> int:
     """Bytes of tensors the server program (and the host's fp16 widening) keeps after one push from
     every worker."""
-    host = SimShardHost(spec, 0, cls.server_program)
+    host = SimShardHost(spec, 0, cls.server_program)  # the slots as the real host has them (fp16: read widened)
     slots = []
     if spec.mode == "mailbox":
-        if spec.wire == "fp16":  # the slots as the real host has them: half precision, read widened
-            host.inbox_raw = [torch.zeros(spec.numel, dtype=torch.float16) for _ in host.inbox]
-            host.inbox = WidenedSlots(host.inbox_raw)
-            if host.outbox is not None:
-                host.outbox = [torch.zeros(spec.numel, dtype=torch.float16) for _ in host.outbox]
-            host.program = cls.server_program(host)
         slots = list(host.inbox_raw) + list(host.outbox or [])
         program = host.program
         gen = torch.Generator().manual_seed(0)
         payload = program.Payload(lr=0.01, momentum=0.9, weight_decay=1e-4).encode()
         header = np.zeros(W.H_LEN, dtype=np.float64)
-        W.encode_request(header, W.Kind.PUSH, payload)
         for worker in range(spec.workers):
-            host.inbox_raw[worker].copy_(torch.randn(spec.numel, generator=gen))
+            slot = worker % spec.inbox_slots  # (a pool of fewer slots than workers: taken in turn)
+            host.inbox_raw[slot].copy_(torch.randn(spec.numel, generator=gen))
+            W.encode_request(header, W.Kind.PUSH, payload, slot if spec.pooled else None)
             program.on_request(worker, W.Request.decode(header, 0, worker))
     windows = {t.untyped_storage().data_ptr() for t in [host.weights] + slots}
     storages: Dict[int, int] = {}

@@ -1,9 +1,9 @@
 """The parameter servers, simulated: the real server programs behind an in-process stand-in for the windows.
 
-:class:`SimShardHost` is :class:`~hvd_async.transport.window.ShardHost` with its MPI windows replaced by
-plain memory: the same ``meta`` counters (version, pushes, staleness histogram, cursor, value
-table), ``weights``, per-worker ``inbox``/``outbox`` slots, and the same ``bump``/``answer``/``close``
-code, so the strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``,
+:class:`SimShardHost` is :class:`~hvd_async.transport.window.ShardHost`, built by its own constructor on
+plain memory (:class:`MemoryWindows`) instead of MPI windows: the same ``meta`` counters (version,
+pushes, staleness histogram, cursor, value table), ``weights``, ``inbox``/``outbox`` slots (of the
+wire's type, fp16 ones read widened), and the same ``bump``/``answer``/``close`` code, so the strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``,
 ``LCProgram``, ``SoftSyncProgram``, ...) runs on it unchanged. An answer, instead of an MPI
 message, lands in the host's ``answers`` for the worker to collect.
 
@@ -39,11 +39,29 @@ from ..transport.base import Transport
 from .network import Calls, SimNetwork
 
 
-class _NoWindows:
-    """What a simulated host has instead of MPI windows: nothing to sync or free."""
+class MemoryWindows:
+    """What a simulated host has instead of MPI windows: plain memory of the same layout and types
+    (``arrays``, as :class:`~hvd_async.transport.window.layout._Windows` gives its windows' memory),
+    nothing to lock, sync or free."""
+
+    def __init__(self, spec: W.WindowSpec, shard: int):
+        n, mailbox = spec.shard_len(shard), spec.mode == "mailbox"
+        wire = torch.float16 if spec.wire == "fp16" else torch.float32
+        self._arrays = (np.zeros(spec.meta_len, dtype=np.int64), torch.zeros(n, dtype=torch.float32),
+                        torch.zeros(n * spec.inbox_slots, dtype=wire) if mailbox else None,
+                        torch.zeros(n * spec.workers, dtype=wire) if mailbox and spec.outbox else None)
+
+    def arrays(self, spec: W.WindowSpec, shard: int):
+        return self._arrays
 
     def all(self):
         return []
+
+    def lock_all(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
 
     def free(self) -> None:
         pass
@@ -63,24 +81,12 @@ class _AnswerBox:
 
 
 class SimShardHost(W.ShardHost):
-    """Shard ``shard`` of a simulated parameter server (``ShardHost`` without MPI)."""
+    """Shard ``shard`` of a simulated parameter server: the real host on :class:`MemoryWindows`, whose
+    answers land in ``answers`` (worker -> the answer's float64 row) instead of going out over MPI."""
 
-    def __init__(self, spec: W.WindowSpec, shard: int, make_program):  # noqa: super().__init__ opens windows
-        self.spec, self.shard = spec, shard
-        self.numel = n = spec.shard_len(shard)
-        self._win, self.comm = _NoWindows(), _AnswerBox(self)
-        self.meta = np.zeros(spec.meta_len, dtype=np.int64)
-        self.weights = torch.zeros(n, dtype=torch.float32)
-        if spec.mode == "mailbox":
-            inbox = torch.zeros(n * spec.workers, dtype=torch.float32)
-            self.inbox = self.inbox_raw = [inbox[m * n:(m + 1) * n] for m in range(spec.workers)]
-            self.outbox = None
-            if spec.outbox:
-                outbox = torch.zeros(n * spec.workers, dtype=torch.float32)
-                self.outbox = [outbox[m * n:(m + 1) * n] for m in range(spec.workers)]
-        self._start_bookkeeping()
+    def __init__(self, spec: W.WindowSpec, shard: int, make_program):
         self.answers: Dict[int, np.ndarray] = {}
-        self.program = make_program(self)
+        super().__init__(_AnswerBox(self), spec, shard, make_program, windows=MemoryWindows(spec, shard))
 
     def poll(self, budget: int = 64) -> int:
         return 0  # requests reach the program directly (SimWindowTransport)

@@ -31,7 +31,7 @@ def integer_init(numel: int = NUMEL) -> torch.Tensor:
 # the server programs' options as the servers receive them (every field): dc-asgd uncompensated with
 # no look-ahead and no push clip, softsync with one shared buffer at the full rate
 DC_PLAIN = {"lam": 0.0, "adaptive": False, "ms_momentum": 0.95, "lookahead": False, "push_clip": 0.0}
-SOFTSYNC_PLAIN = {"staleness_lr": False, "momentum": "shared", "push_rate": "full", "lookahead": False}
+SOFTSYNC_PLAIN = {"staleness_lr": False, "server_momentum": "shared", "push_rate": "full", "lookahead": False}
 
 
 def open_transport(algorithm, mode, options, numel=NUMEL):

@@ -12,7 +12,7 @@ import torch
 
 from .layout import (HIST_BINS, H_LEN, Kind, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
                      META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
-                     TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes, _window_array,
+                     TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes,
                      _Windows)
 from .slots import SlotPool
 from ... import checkpoint
@@ -99,29 +99,21 @@ class ShardHost:
     ``on_request(worker, request)``; ``poll()`` is called by the server loop.
     """
 
-    def __init__(self, comm, spec: WindowSpec, shard: int, make_program):
+    def __init__(self, comm, spec: WindowSpec, shard: int, make_program, *, windows=None):
+        """``windows``: the memory the shard lives in; None opens its MPI windows over ``comm``
+        (collective with the workers' side). The simulator passes plain memory with the same methods."""
         self.spec, self.shard, self.comm = spec, shard, comm
-        self.numel = spec.shard_len(shard)
-        self._win = _Windows(comm, spec, shard)
+        self.numel = n = spec.shard_len(shard)
+        self._win = _Windows(comm, spec, shard) if windows is None else windows
         self._win.lock_all()
-        self.meta = _window_array(self._win.meta, spec.meta_len, np.int64)
-        self.weights = torch.from_numpy(_window_array(self._win.weights, self.numel, np.float32))
+        self.meta, self.weights, inbox, outbox = self._win.arrays(spec, shard)
         if spec.mode == "mailbox":
-            n, w, k = self.numel, spec.workers, spec.inbox_slots
-            inbox = torch.from_numpy(_window_array(self._win.inbox, n * k, spec.wire_dtype))
-            self.inbox = self.inbox_raw = [inbox[s * n:(s + 1) * n] for s in range(k)]
-            self.outbox = None  # (no outbox: answers to pulls go back through the inbox slots)
-            if spec.outbox:
-                outbox = torch.from_numpy(_window_array(self._win.outbox, n * w, spec.wire_dtype))
-                self.outbox = [outbox[m * n:(m + 1) * n] for m in range(w)]
+            self.inbox = self.inbox_raw = [inbox[s * n:(s + 1) * n] for s in range(spec.inbox_slots)]
+            # (no outbox: answers to pulls go back through the inbox slots)
+            self.outbox = None if outbox is None else [outbox[m * n:(m + 1) * n] for m in range(spec.workers)]
             if spec.wire == "fp16":  # the programs compute in fp32: each gradient read widened
                 self.inbox = WidenedSlots(self.inbox)
-        self._start_bookkeeping()
         self.pool = SlotPool(comm, spec) if spec.pooled else None
-        self.program = make_program(self)
-
-    def _start_bookkeeping(self) -> None:
-        """The host's counters and worker tracking (also the simulator's shard host's)."""
         self.skipped_nonfinite = 0
         self._seen_version = 0
         self.closed: set = set()
@@ -131,11 +123,11 @@ class ShardHost:
         self._set_aside: set = set()  # workers the watchdog stopped waiting for
         self._header = np.zeros(H_LEN, dtype=np.float64)
         self._answer = np.zeros(R_LEN, dtype=np.float64)
+        self.program = make_program(self)
 
     # The window memory is read and written here directly, under this rank's own lock on it.
     def sync(self) -> None:
-        for win in self._win.all():
-            win.Sync()
+        self._win.sync()
 
     @property
     def version(self) -> int:

@@ -270,7 +270,9 @@ def _window_array(win, count: int, dtype) -> np.ndarray:
 
 
 class _Windows:
-    """The windows of one transport on one rank (zero-sized on workers)."""
+    """The windows of one transport on one rank (zero-sized on workers). A server's
+    :class:`~hvd_async.transport.window.host.ShardHost` reads and writes their memory through
+    :meth:`arrays`; the simulator hands the host plain memory with the same methods instead."""
 
     def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
         n = spec.shard_len(shard) if shard is not None else 0
@@ -283,6 +285,24 @@ class _Windows:
 
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]
+
+    def arrays(self, spec: WindowSpec, shard: int):
+        """``(meta, weights, inbox, outbox)``: the shard's window memory (int64 array, fp32 tensor, and in
+        mailbox mode the wire-typed tensors of every inbox slot and every worker's outbox slot, else None)."""
+        import torch
+
+        n, mailbox = spec.shard_len(shard), spec.mode == "mailbox"
+        meta = _window_array(self.meta, spec.meta_len, np.int64)
+        weights = torch.from_numpy(_window_array(self.weights, n, np.float32))
+        inbox = torch.from_numpy(_window_array(self.inbox, n * spec.inbox_slots, spec.wire_dtype)) if mailbox else None
+        outbox = (torch.from_numpy(_window_array(self.outbox, n * spec.workers, spec.wire_dtype))
+                  if mailbox and spec.outbox else None)
+        return meta, weights, inbox, outbox
+
+    def sync(self) -> None:
+        """Between this rank's direct reads and writes of the memory and the others' one-sided calls."""
+        for win in self.all():
+            win.Sync()
 
     def lock_all(self) -> None:
         for win in self.all():
