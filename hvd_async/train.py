@@ -68,16 +68,16 @@ class _JobHost(Host):
         if not missing:
             return
         gone = [self.live[r] for r in missing]
-        drop = getattr(loop.opt.strategy.transport, "drop_workers", None)
-        if drop is None or 0 in gone:
+        transport = loop.opt.strategy.transport
+        if not transport.can_drop_workers or 0 in gone:
             stalled = WorkerStalled(gone, timeout, "stopping the job" + (
-                "" if drop is None else " (worker 0 writes the reports)"))
+                " (worker 0 writes the reports)" if transport.can_drop_workers else ""))
             stalled.printer = self.live[loop.rank] == min(w for w in self.live if w not in gone)
             raise stalled
         comm = loop.comm = loop.comm.Create_group(loop.comm.Get_group().Excl(missing))
         self.live = [w for w in self.live if w not in gone]
         loop.rank, loop.workers = comm.rank, comm.size
-        drop(gone, comm, tell_servers=loop.rank == 0)
+        transport.drop_workers(gone, comm, tell_servers=loop.rank == 0)
         if loop.saver is not None:
             loop.saver.comm = comm
         loop.dropped.extend(gone)

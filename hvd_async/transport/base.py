@@ -35,9 +35,17 @@ class Transport(abc.ABC):
     # whether close() waits for the other workers to close too (window transports: the windows'
     # free is collective); the exit hook closes the others first (hvd_async.runtime)
     closes_collectively = False
+    # whether the job can go on without workers that stopped making progress (--worker-timeout):
+    # the parameter servers' windows can (drop_workers); a collective among every worker cannot
+    can_drop_workers = False
 
     def __init__(self):
         self._closed = False
+
+    def drop_workers(self, workers, comm, *, tell_servers: bool) -> None:
+        """Go on without ``workers``, with ``comm`` the others' communicator (where
+        ``can_drop_workers``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot go on without a worker")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -60,6 +60,8 @@ class ServerState:
         except RuntimeError as exc:
             raise ValueError(str(exc)) from None
 
+    can_drop_workers = True
+
     def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
         """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
         the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
