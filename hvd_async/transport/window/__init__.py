@@ -47,8 +47,8 @@ where other workers may be adding into the same elements meanwhile. MPI leaves s
 accumulates), but Open MPI's shared-memory windows (``osc/sm``, x86-64, aligned 4-byte floats) never
 show a partial element, and neither did ``osc/rdma`` over TCP on one node:
 ``tests/mpi/rma_read_checks.py`` reads while workers push and checks every element of every read. A
-NO_OP ``Get_accumulate`` in its place makes a push+pull round take longer
-(``benchmarks/results/rma_atomic_reads_*.json``), so the hot path does without it there. A shard on
+NO_OP ``Get_accumulate`` in its place makes a push+pull round take longer (measured in the guide's
+benchmark results), so the hot path does without it there. A shard on
 another node is read with ``Get_accumulate(NO_OP)``: there the one-sided component is a network one
 (``osc/ucx`` over TCP adds a float as lock, get, add, put at the target), which a plain read could
 catch half done (``layout.atomic_read_targets``; ``HVD_ASYNC_ATOMIC_READS=always|never`` forces
