@@ -134,6 +134,18 @@ def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[s
     return record["state"]
 
 
+def tensors_in(value):
+    """The tensors in nested dicts/lists/tuples (the rules' and shards' state), depth first."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
 def tensors_copy(value):
     """A deep copy of nested dicts/lists holding tensors (the rules' and shards' state), tensors cloned."""
     if isinstance(value, torch.Tensor):

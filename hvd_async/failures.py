@@ -54,9 +54,9 @@ ABORT_BACKSTOP_SECONDS = 10
 
 def abort(world, code: int, *, wait: float = 0.0) -> None:
     """End the whole job with ``code`` (``MPI_Abort`` on ``world``) after ``wait`` seconds (the other
-    ranks' time to report). MPI_Abort hands the ending to mpirun and then leaves this process through
-    the C library's exit; should anything there keep the process alive (an exit handler waiting on a
-    thread that is blocked in MPI), mpirun would never hear that it ended. So an alarm is armed first:
+    ranks' time to report). MPI_Abort hands the ending to mpirun and then ends this process; should
+    anything keep the process alive past that (an exit handler waiting on a thread that is blocked in
+    MPI, say), the job would wait on it. So an alarm is armed first:
     ``ABORT_BACKSTOP_SECONDS`` later SIGALRM's default action ends the process, and mpirun, seeing a
     rank die on a signal, ends the job."""
     sys.stdout.flush()

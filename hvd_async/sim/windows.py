@@ -3,8 +3,9 @@
 :class:`SimShardHost` is :class:`~hvd_async.transport.window.ShardHost`, built by its own constructor on
 plain memory (:class:`MemoryWindows`) instead of MPI windows: the same ``meta`` counters (version,
 pushes, staleness histogram, cursor, value table), ``weights``, ``inbox``/``outbox`` slots (of the
-wire's type, fp16 ones read widened), and the same ``bump``/``answer``/``close`` code, so the strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``,
-``LCProgram``, ``SoftSyncProgram``, ...) runs on it unchanged. An answer, instead of an MPI
+wire's type, fp16 ones read widened), and the same ``bump``/``answer``/``close`` code, so the
+strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``, ``LCProgram``,
+``SoftSyncProgram``, ...) runs on it unchanged. An answer, instead of an MPI
 message, lands in the host's ``answers`` for the worker to collect.
 
 :class:`SimWindowTransport` is the worker side with
@@ -51,11 +52,8 @@ class MemoryWindows:
                         torch.zeros(n * spec.inbox_slots, dtype=wire) if mailbox else None,
                         torch.zeros(n * spec.workers, dtype=wire) if mailbox and spec.outbox else None)
 
-    def arrays(self, spec: W.WindowSpec, shard: int):
+    def arrays(self):
         return self._arrays
-
-    def all(self):
-        return []
 
     def lock_all(self) -> None:
         pass

@@ -102,7 +102,8 @@ def test_softsync_momentum_survives_a_state_dict():
     first = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=True, server_momentum="per-worker"))
     for i, worker in enumerate([0, 1, 2, 0]):
         push(first, worker, gradients(4)[i][worker])
-    second = SoftSyncProgram(FakeHost(first.host.weights), softsync_options(n=WORKERS, staleness_lr=True, server_momentum="per-worker"))
+    second = SoftSyncProgram(FakeHost(first.host.weights),
+                             softsync_options(n=WORKERS, staleness_lr=True, server_momentum="per-worker"))
     second.load_state_dict(first.state_dict())
     second.host.version, second.host.outbox = first.host.version, [o.clone() for o in first.host.outbox]
     for program in (first, second):
@@ -141,7 +142,8 @@ def test_softsync_lookahead_is_dc_asgds_at_n_workers():
     """softsync with n = workers and the rate unscaled applies each push alone: its answers are
     dc-asgd's (lam 0) look-ahead answers; the per-push share of the rate is lr / 1 here."""
     w0 = torch.randn(N, generator=torch.Generator().manual_seed(6))
-    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum="per-worker", lookahead=True))
+    soft = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum="per-worker",
+                                                          lookahead=True))
     dc = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     for i, worker in enumerate([3, 1, 0, 2, 1, 3, 0]):
         grad = gradients(7, seed=7)[i][worker]
@@ -205,8 +207,8 @@ def test_a_closed_workers_momentum_leaves_the_look_ahead(algorithm):
     if algorithm == "dc-asgd":
         program = DCProgram(FakeHost(w0), dc_options(lam=0.0, adaptive=False, ms_momentum=0.95, lookahead=True))
     else:
-        program = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False, server_momentum="per-worker",
-                                  lookahead=True))
+        program = SoftSyncProgram(FakeHost(w0), softsync_options(n=WORKERS, staleness_lr=False,
+                                                                 server_momentum="per-worker", lookahead=True))
     rng = gradients(3, seed=5)
     for r in range(3):
         for worker in range(WORKERS):

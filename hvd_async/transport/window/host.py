@@ -20,17 +20,6 @@ from ... import checkpoint
 SHARD_KIND = "server-shard"  # the kind of a shard's own checkpoint file
 MESSAGE_LIMIT = 2**31 - 2**26  # bytes of tensors one pickled MPI message may carry (a C int count, with room)
 
-
-def _tensor_bytes(value) -> int:
-    """Bytes of the tensors in a nested state."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
-
 logger = logging.getLogger("hvd_async.transport.window")
 
 
@@ -106,7 +95,7 @@ class ShardHost:
         self.numel = n = spec.shard_len(shard)
         self._win = _Windows(comm, spec, shard) if windows is None else windows
         self._win.lock_all()
-        self.meta, self.weights, inbox, outbox = self._win.arrays(spec, shard)
+        self.meta, self.weights, inbox, outbox = self._win.arrays()
         if spec.mode == "mailbox":
             self.inbox = self.inbox_raw = [inbox[s * n:(s + 1) * n] for s in range(spec.inbox_slots)]
             # (no outbox: answers to pulls go back through the inbox slots)
@@ -286,7 +275,7 @@ class ShardHost:
         one MPI message carries (its count is a C int), measured before anything is copied. Copied when
         sent: a pickled view (an outbox slot) would carry its whole window."""
         state = self.state_dict(copy=False)
-        size = _tensor_bytes(state)
+        size = sum(t.numel() * t.element_size() for t in checkpoint.tensors_in(state))
         if size > MESSAGE_LIMIT:
             return ("error", f"server {self.shard}: the shard's state is {size / 2**30:.1f} GiB, more than one "
                              f"MPI message carries ({MESSAGE_LIMIT / 2**30:.1f} GiB): take it with "

@@ -14,7 +14,8 @@ __all__ = [  # what hvd_async.transport.window re-exports
     "H_LEN", "Kind", "Status", "Request", "Answers", "encode_request", "R_VERSION", "R_STALENESS", "R_PUSHES",
     "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
     "TAG_GRANT",
-    "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds", "WindowSpec", "ShardStats", "Pending",
+    "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds",
+    "WindowSpec", "ShardStats", "Pending",
 ]
 
 HIST_BINS = 64
@@ -275,6 +276,7 @@ class _Windows:
     :meth:`arrays`; the simulator hands the host plain memory with the same methods instead."""
 
     def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
+        self.spec, self.shard = spec, shard
         n = spec.shard_len(shard) if shard is not None else 0
         mailbox = spec.mode == "mailbox"
         self.atomic = atomic_read_targets(comm)  # the ranks whose weights a worker reads atomically
@@ -286,12 +288,13 @@ class _Windows:
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]
 
-    def arrays(self, spec: WindowSpec, shard: int):
+    def arrays(self):
         """``(meta, weights, inbox, outbox)``: the shard's window memory (int64 array, fp32 tensor, and in
         mailbox mode the wire-typed tensors of every inbox slot and every worker's outbox slot, else None)."""
         import torch
 
-        n, mailbox = spec.shard_len(shard), spec.mode == "mailbox"
+        spec = self.spec
+        n, mailbox = spec.shard_len(self.shard), spec.mode == "mailbox"
         meta = _window_array(self.meta, spec.meta_len, np.int64)
         weights = torch.from_numpy(_window_array(self.weights, n, np.float32))
         inbox = torch.from_numpy(_window_array(self.inbox, n * spec.inbox_slots, spec.wire_dtype)) if mailbox else None
