@@ -1,7 +1,9 @@
-"""Small checks shared by the modules: user input, whether gradients hold NaN or infinity, and an
-exception put in a few words for a one-line error."""
+"""Small checks shared by the modules: user input, whether gradients hold NaN or infinity, an
+exception put in a few words for a one-line error, and where a warning should point."""
 import math
 import numbers
+import os
+import sys
 from typing import Optional, Sequence
 
 import torch
@@ -108,3 +110,17 @@ def brief_error(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     text = text if len(text) <= 100 else text[:97] + "..."
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by this function's caller that names the first line
+    outside the package (the user's call), past the package's frames and dataclasses' generated
+    ``__init__`` (file ``<string>``): a deprecation then points at the line to change."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename.startswith("<")):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -26,35 +26,37 @@ def _algorithms(argv: List[str]) -> int:
 
 def _train(argv: List[str]) -> int:
     try:
-        args = config.validate(config.parse(argv, launcher=True))
+        args = config.parse(argv, launcher=True)
+        spec, launch = config.validate(args), config.launch_options(args)
     except config.ConfigError as exc:
         print(f"hvd-async train: error: {exc}", file=sys.stderr)
         return 2
     from . import checkpoint  # (imports torch: not for --help)
 
-    if args.resume:  # refused here, before mpirun starts every rank, rather than by the job
+    job = spec.job
+    if job.resume:  # refused here, before mpirun starts every rank, rather than by the job
         from .jobstate import job_meta, load_newest
 
         try:
-            load_newest(args.checkpoint_dir, job_meta(args, args.workers, args.servers), mmap=True)
+            load_newest(job.checkpoint_dir, job_meta(spec), mmap=True)
         except checkpoint.CheckpointError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
 
     job_argv = _launcher_only_removed(argv, ("--mpi-args", "--max-restarts"))
     if "--np" not in job_argv and not any(a.startswith("--np=") for a in job_argv):
-        job_argv += ["--np", str(args.np)]
-    if sys.stderr.isatty() and args.progress == "auto":  # ranks' output is piped: tell them
+        job_argv += ["--np", str(spec.layout.world_size)]
+    if sys.stderr.isatty() and job.progress == "auto":  # ranks' output is piped: tell them
         os.environ["HVD_ASYNC_PROGRESS"] = "1"
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     restarts = 0
     while True:
         run_argv = list(job_argv)
-        if restarts and not args.resume and checkpoint.latest(args.checkpoint_dir):
+        if restarts and not job.resume and checkpoint.latest(job.checkpoint_dir):
             run_argv.append("--resume")
         try:
-            cmd = launcher.mpirun_command(args.np, launcher.python_module("hvd_async.train", run_argv),
-                                          mpi_args=args.mpi_args)
+            cmd = launcher.mpirun_command(spec.layout.world_size, launcher.python_module("hvd_async.train", run_argv),
+                                          mpi_args=launch.mpi_args)
         except FileNotFoundError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
@@ -67,14 +69,14 @@ def _train(argv: List[str]) -> int:
         if code in FINAL_EXIT_CODES:
             return code
         why = _failure(code, time.monotonic() - started)
-        if restarts >= args.max_restarts:
-            hint = (f"; --max-restarts {args.max_restarts} used up" if args.max_restarts else
+        if restarts >= launch.max_restarts:
+            hint = (f"; --max-restarts {launch.max_restarts} used up" if launch.max_restarts else
                     "; with --checkpoint-dir and --max-restarts K it is relaunched from the newest checkpoint")
             print(f"hvd-async train: error: {why}{hint}", file=sys.stderr)
             return code
         restarts += 1
-        newest = checkpoint.latest(args.checkpoint_dir)
-        print(f"hvd-async train: {why}; restart {restarts} of {args.max_restarts} from "
+        newest = checkpoint.latest(job.checkpoint_dir)
+        print(f"hvd-async train: {why}; restart {restarts} of {launch.max_restarts} from "
               f"{newest or 'the start (no checkpoint was written yet)'}", file=sys.stderr, flush=True)
 
 

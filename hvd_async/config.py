@@ -1,11 +1,17 @@
-"""The training job's options: one parser for the launcher and the job, YAML presets, and validation.
+"""The training job's options: one parser for the launcher and the job, YAML presets, and validation
+into the job's description (:class:`~hvd_async.jobspec.JobSpec`), which is all the job's modules see.
+
+The parser's flags come from declarations: the job's own options (:class:`~hvd_async.jobspec.JobOptions`),
+the launcher's (:class:`LaunchOptions`) and every algorithm's options dataclass; each dataclass checks
+its own ranges, and :func:`validate` adds the checks that span them (the layout of servers and workers,
+an algorithm's options against the job's values).
 
 Every bad value raises :class:`ConfigError` with one line naming the value and what is accepted; the
 command-line front ends print that line and exit with status 2.
 """
 import argparse
+import dataclasses
 import difflib
-import math
 import os
 import shlex
 import sys
@@ -14,19 +20,28 @@ from typing import Dict, List, Optional, Sequence
 import yaml
 
 from . import options, registry
-from .data import DATASETS, EVAL_SPLITS, FILE_DATASETS
-from .models import MODELS
-from .progress import LINE_EVERY, MODES as PROGRESS_MODES
+from .jobspec import DATASET_DEFAULTS, JobOptions, JobSpec, Layout
+from .options import option
 
 
-MAX_SEED = 2 ** 32 - 1  # numpy's and scikit-learn's seeds are 32-bit
+@dataclasses.dataclass
+class LaunchOptions:
+    """The options of ``hvd-async train`` that the launcher reads and the job never sees."""
 
-# Where the job's defaults (chosen on digits) do not suit a dataset: options that --dataset NAME sets
-# unless a flag or the --config file gives them, each chosen for ssgd on the dataset's validation split.
-DATASET_DEFAULTS = {
-    # the best rate of a sweep on the validation split (the guide's Fashion-MNIST section has it)
-    "fashion-mnist": {"model": "lenet", "lr": 0.02},
-}
+    max_restarts: int = option(0, "when the job fails (e.g. a process dies), relaunch it up to K times from "
+                               "the newest checkpoint (needs --checkpoint-dir)", flag="--max-restarts",
+                               metavar="K")
+    mpi_args: str = option("", "extra arguments for mpirun, e.g. '--hostfile hosts --map-by node'",
+                           flag="--mpi-args", metavar="'ARGS'")
+
+    def __post_init__(self):
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        try:
+            shlex.split(self.mpi_args)
+        except ValueError as exc:
+            raise ValueError(f"mpi_args {self.mpi_args!r} cannot be split into arguments ({exc}); quote as "
+                             f"in a shell, e.g. '--hostfile hosts --map-by node'") from None
 
 
 class ConfigError(ValueError):
@@ -72,86 +87,16 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                    ("" if launcher else " (checked against the MPI world when given)"))
     p.add_argument("--servers", type=int, default=d(None),
                    help="parameter-server ranks (default: 1 for parameter-server algorithms, else 0)")
-    p.add_argument("--dataset", default=d("digits"), metavar="NAME",
-                   help=f"one of: {', '.join(DATASETS)}; digits, synthetic and teacher need no files, "
-                        f"fashion-mnist Debian's package dataset-fashion-mnist")
-    p.add_argument("--data-dir", default=d(None), metavar="DIR",
-                   help="folder with the standard files of mnist, cifar10 or imagenet (fashion-mnist: "
-                        "instead of Debian's dataset-fashion-mnist)")
-    p.add_argument("--eval-on", choices=EVAL_SPLITS, default=d("test"),
-                   help="the split scored after each epoch: test (training on the whole training split; "
-                        "for final tables), or val (training on it less a validation split carved from "
-                        "it once, the same for every --seed; for choosing hyperparameters and defaults)")
-    p.add_argument("--image-size", type=int, default=d(None),
-                   help="resize images to this size (synthetic: 32, imagenet: 224 by default)")
-    p.add_argument("--model", default=d("mlp"), metavar="NAME",
-                   help=f"one of: {', '.join(MODELS)}{_per_dataset('model')}")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default=d("cpu"),
-                   help="train on the CPU, or on one GPU per worker (local rank modulo the GPUs visible); "
-                        "ssgd and hpsgd then reduce on the GPU (Horovod's NCCL operations where built); auto: "
-                        "cuda where the process sees a GPU, else cpu (the launch recipes' choice)")
-    p.add_argument("--epochs", type=int, default=d(10), help="passes over the training split")
-    p.add_argument("--batch-size", type=int, default=d(32), help="samples per step on each worker")
-    p.add_argument("--lr", type=float, default=d(0.1), help=f"learning rate{_per_dataset('lr')}")
-    p.add_argument("--momentum", type=float, default=d(0.9), help="SGD momentum of the local optimizer")
-    p.add_argument("--weight-decay", type=float, default=d(0.0), help="SGD weight decay")
-    p.add_argument("--seed", type=int, default=d(0),
-                   help="seed of the model's initialisation and the sampling order (and of synthetic's "
-                        "and teacher's images); the train/validation/test splits are fixed")
-    p.add_argument("--logdir", default=d(None), metavar="DIR", help="write TensorBoard event files here")
-    p.add_argument("--metrics-out", default=d(None), metavar="PATH", help="write the run's metrics JSON here")
-    p.add_argument("--straggler", action="append", default=d([]), metavar="WORKER=FACTOR",
-                   help="make that worker's steps FACTOR times as long by sleeping (repeatable; "
-                        "workers are numbered 0..workers-1, not by MPI rank)")
-    p.add_argument("--compute-ms", type=float, default=d(0.0), metavar="MS",
-                   help="simulated compute per step on every worker (sleep), to study protocol costs")
-    p.add_argument("--checkpoint-dir", default=d(None), metavar="DIR",
-                   help="write checkpoints here (ckpt-<updates>.pt and the folder of parts it names: each "
-                        "worker's model, optimizer, algorithm state, batch position and RNG states, each server's "
-                        "shard; every rank must reach DIR)")
-    p.add_argument("--checkpoint-every", default=d("1"), metavar="N[epochs|steps]",
-                   help="checkpoint every N epochs (N or Nepochs) or every N steps (Nsteps; for "
-                        "parameter-server algorithms a step is one update of the global weights); the "
-                        "last epoch is always saved")
-    p.add_argument("--keep-checkpoints", type=int, default=d(2), metavar="K",
-                   help="keep the K newest checkpoints in --checkpoint-dir")
-    p.add_argument("--resume", action="store_true", default=d(False),
-                   help="resume from the newest checkpoint in --checkpoint-dir (the same algorithm, "
-                        "workers, servers, data, model, batch size and seed)")
-    p.add_argument("--deterministic", action="store_true", default=d(False),
-                   help="ssgd, hpsgd, od-sgd (allreduce): reduce tensor by tensor (Horovod fusion off) so "
-                        "that sums run in the same order in every run and a resumed run repeats a straight "
-                        "one bit for bit; slower on large models")
-    p.add_argument("--worker-timeout", type=float, default=d(None), metavar="SECONDS",
-                   help="a worker that makes no progress for this long is named: parameter-server "
-                        "algorithms go on without it (the job then ends with exit status 4 after "
-                        "writing its results); the others stop with exit status 5 (which "
-                        "--max-restarts relaunches)")
-    p.add_argument("--max-nonfinite", type=int, default=d(20), metavar="K",
-                   help="stop (with a checkpoint of the last good state) after K gradients in a row held "
-                        "NaN or infinity on a worker; none is ever applied (0: never stop)")
-    p.add_argument("--progress", choices=PROGRESS_MODES, default=d("auto"),
-                   help="progress inside an epoch on worker 0: auto (a bar on a terminal, elsewhere a line "
-                        f"every {LINE_EVERY:g} s: samples, samples/s, loss), bar, or epochs (off: only the "
-                        "per-epoch lines)")
+    options.add_options(p, JobOptions, suppress_defaults=suppress_defaults)
     if launcher:
-        p.add_argument("--max-restarts", type=int, default=d(0), metavar="K",
-                       help="when the job fails (e.g. a process dies), relaunch it up to K times from "
-                            "the newest checkpoint (needs --checkpoint-dir)")
-        p.add_argument("--mpi-args", default=d(""), metavar="'ARGS'",
-                       help="extra arguments for mpirun, e.g. '--hostfile hosts --map-by node'")
+        options.add_options(p.add_argument_group("launcher", "options only 'hvd-async train' reads"),
+                            LaunchOptions, suppress_defaults=suppress_defaults)
     taken = {opt for action in p._actions for opt in action.option_strings}
     try:
         options.add_flags(p, registry.strategies(), suppress_defaults=suppress_defaults, taken=taken)
     except ValueError as exc:  # a plugin's flag clashes with another
         raise ConfigError(str(exc)) from None
     return p
-
-
-def _per_dataset(dest: str) -> str:
-    """The help's note of the datasets whose own default of option ``dest`` replaces the one shown."""
-    own = [f"{name}: {values[dest]}" for name, values in DATASET_DEFAULTS.items() if dest in values]
-    return f" ({'; '.join(own)} by default)" if own else ""
 
 
 def apply_dataset_defaults(args: argparse.Namespace, given) -> argparse.Namespace:
@@ -260,124 +205,63 @@ def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True) -> arg
     return apply_dataset_defaults(args, {*given, *from_file})
 
 
-def parse_stragglers(specs: List[str]) -> Dict[int, float]:
-    out = {}
-    for spec in specs:
-        worker, sep, factor = str(spec).partition("=")
-        try:
-            worker_i, factor_f = int(worker), float(factor)
-        except ValueError:
-            raise ConfigError(f"--straggler {spec!r} must be WORKER=FACTOR, e.g. 2=3") from None
-        if not sep or factor_f < 1.0:
-            raise ConfigError(f"--straggler {spec!r}: FACTOR must be >= 1 (how many times longer "
-                              f"that worker's step takes)")
-        out[worker_i] = factor_f
-    return out
+def options_from(options_cls, args: argparse.Namespace):
+    """``options_cls`` (the job's or the launcher's options) from the parsed flags, checked by its own
+    ``__post_init__``; its error under the flag's name."""
+    values = {field.name: getattr(args, field.name) for field, _ in options.declared(options_cls)}
+    try:
+        return options_cls(**values)
+    except ValueError as exc:
+        raise ConfigError(options.flag_message(options_cls, str(exc))) from None
 
 
-def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
-    """Check every value; fill derived ones (``servers``, ``workers``, ``stragglers``)."""
+def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobSpec:
+    """Check every value of the parsed flags and build the job they describe (the launcher's own
+    options, where parsed, are checked by :func:`launch_options`)."""
     try:
         row = registry.get(args.algo)
     except ValueError as exc:
         raise ConfigError(f"--algo: {exc}") from None
-    for name, choices in (("dataset", DATASETS), ("model", MODELS)):
-        if getattr(args, name) not in choices:
-            raise ConfigError(f"unknown {name} {getattr(args, name)!r}; choose one of: {', '.join(choices)}")
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise ConfigError(f"--lr must be > 0, got {args.lr}")
-    for name in ("momentum", "weight_decay", "compute_ms"):
-        if not getattr(args, name) >= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not args.momentum < 1:
-        raise ConfigError(f"--momentum must be < 1, got {args.momentum}")
-    for name in ("lr", "weight_decay", "compute_ms"):
-        if not math.isfinite(getattr(args, name)):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be in 0..{MAX_SEED} (2**32 - 1), got {args.seed}")
-    if args.image_size is not None and args.image_size < 1:
-        raise ConfigError(f"--image-size must be >= 1, got {args.image_size}")
+    job = options_from(JobOptions, args)
+    if hasattr(args, "max_restarts"):
+        launch = launch_options(args)
+        if launch.max_restarts and not job.checkpoint_dir:
+            raise ConfigError(f"--max-restarts {launch.max_restarts} needs --checkpoint-dir (the folder the "
+                              f"checkpoints are in)")
     if args.np is not None and args.np < 1:
         raise ConfigError(f"--np must be >= 1, got {args.np}")
     if world_size is not None and args.np is not None and args.np != world_size:
         raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
                           f"launched with; drop --np or launch with mpirun -np {args.np}")
     total = world_size if world_size is not None else args.np
-    uses_servers = registry.uses_servers(args.algo, algorithm_options(args))
-    if args.servers is None:
-        args.servers = 1 if uses_servers else 0
-    if args.servers < 0:
-        raise ConfigError(f"--servers must be >= 0, got {args.servers}")
-    if total is not None and args.servers >= total:
-        raise ConfigError(f"--servers {args.servers} leaves no worker: --np {total} counts every MPI "
+    given = algorithm_options(args)
+    uses_servers = registry.uses_servers(args.algo, given)
+    servers = (1 if uses_servers else 0) if args.servers is None else args.servers
+    if servers < 0:
+        raise ConfigError(f"--servers must be >= 0, got {servers}")
+    if total is not None and servers >= total:
+        raise ConfigError(f"--servers {servers} leaves no worker: --np {total} counts every MPI "
                           f"process, servers included; use --servers < {total} or a larger --np")
-    if not uses_servers and args.servers:
-        raise ConfigError(f"--servers {args.servers}: algorithm {args.algo!r}"
+    if not uses_servers and servers:
+        raise ConfigError(f"--servers {servers}: algorithm {args.algo!r}"
                           f"{' with ' + given_flags(args) if row.uses_servers else ''} uses no "
                           f"parameter server; use --servers 0")
-    if uses_servers and args.servers < 1:
+    if uses_servers and servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
-    args.workers = None if total is None else total - args.servers
-    _validate_algorithm_options(args)
-    _validate_checkpoints(args)
-    args.stragglers = parse_stragglers(args.straggler)
-    for worker in args.stragglers:
-        if args.workers is not None and not 0 <= worker < args.workers:
+    spec = JobSpec(algo=args.algo, algorithm=given, job=job,
+                   layout=Layout(servers=servers, workers=None if total is None else total - servers))
+    _validate_algorithm_options(args, spec)
+    workers = spec.layout.workers
+    for worker in spec.stragglers:
+        if workers is not None and not 0 <= worker < workers:
             raise ConfigError(f"--straggler {worker}=...: there is no worker {worker}; the job has "
-                              f"{args.workers} worker(s), numbered 0..{args.workers - 1} "
-                              f"(servers are not counted)")
-    if args.dataset in FILE_DATASETS:
-        if not args.data_dir:
-            raise ConfigError(f"--dataset {args.dataset} needs --data-dir (a folder with its standard "
-                              f"files); digits, synthetic and teacher need none")
-        if not os.path.isdir(args.data_dir):
-            raise ConfigError(f"--data-dir {args.data_dir} does not exist or is not a folder")
-    _validate_outputs(args)
-    return args
+                              f"{workers} worker(s), numbered 0..{workers - 1} (servers are not counted)")
+    return spec
 
 
-def _validate_outputs(args: argparse.Namespace) -> None:
-    """What the job writes must be writable where it says, checked before any process starts."""
-    if args.logdir and os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
-        raise ConfigError(f"--logdir {args.logdir} exists and is not a folder; give a folder for the "
-                          f"TensorBoard files")
-    if args.metrics_out and os.path.isdir(args.metrics_out):
-        raise ConfigError(f"--metrics-out {args.metrics_out} is a folder; give a file path, e.g. "
-                          f"{os.path.join(args.metrics_out, 'metrics.json')}")
-    mpi_args = getattr(args, "mpi_args", "")
-    if mpi_args:
-        try:
-            shlex.split(mpi_args)
-        except ValueError as exc:
-            raise ConfigError(f"--mpi-args {mpi_args!r} cannot be split into arguments ({exc}); "
-                              f"quote as in a shell, e.g. '--hostfile hosts --map-by node'") from None
-
-
-def _validate_checkpoints(args: argparse.Namespace) -> None:
-    from .jobstate import parse_every
-
-    try:
-        parse_every(args.checkpoint_every)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if args.keep_checkpoints < 1:
-        raise ConfigError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
-    if args.worker_timeout is not None and not 0 < args.worker_timeout < float("inf"):
-        raise ConfigError(f"--worker-timeout must be a number of seconds > 0, got {args.worker_timeout}")
-    if args.max_nonfinite < 0:
-        raise ConfigError(f"--max-nonfinite must be >= 0 (0: never stop), got {args.max_nonfinite}")
-    restarts = getattr(args, "max_restarts", 0)
-    if restarts < 0:
-        raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
-    for flag, wanted in (("--resume", args.resume), (f"--max-restarts {restarts}", restarts > 0)):
-        if wanted and not args.checkpoint_dir:
-            raise ConfigError(f"{flag} needs --checkpoint-dir (the folder the checkpoints are in)")
-    if args.checkpoint_dir and os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
-        raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} exists and is not a folder")
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    """The launcher's own options (``hvd-async train``'s parser only), checked."""
+    return options_from(LaunchOptions, args)
 
 
 def given_flags(args: argparse.Namespace) -> str:
@@ -395,14 +279,14 @@ def algorithm_options(args: argparse.Namespace) -> Dict:
     return options.from_args(registry.strategy_class(args.algo).Options, args)
 
 
-def _validate_algorithm_options(args: argparse.Namespace) -> None:
+def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None:
     """The checks of the algorithm's options that need the job's other values (its strategy's
     ``check_for_job``), then the options as its options dataclass checks them (the one place their
     ranges are written); the error under the flag's name."""
     _refuse_meaningless_flags(args)
-    cls, given = registry.strategy_class(args.algo), algorithm_options(args)
+    cls, given = registry.strategy_class(args.algo), spec.algorithm
     try:
-        cls.check_for_job(given, workers=args.workers, lr=args.lr)  # first: its messages name the job's values
+        cls.check_for_job(given, workers=spec.layout.workers, lr=spec.job.lr)  # first: its messages name the job's values
         cls.Options(**given)
     except (ValueError, TypeError) as exc:
         message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))

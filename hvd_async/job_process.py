@@ -91,12 +91,12 @@ class Watchdog:
                     say(f"hvd_async.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
                         f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
                         f"that cannot go on without them; stopping the job, exit status 5")
-                _abort_after(MPI.COMM_WORLD, 0.5 if self.comm.rank == min(here) else 3.0, 5)
+                failures.abort(MPI.COMM_WORLD, 5, wait=0.5 if self.comm.rank == min(here) else 3.0)
 
 
 def main(argv, train_worker) -> int:
-    """Run this rank's part of the job (``train_worker(args)``: a worker's training, returning its
-    metrics record); returns its exit status (or ends the job)."""
+    """Run this rank's part of the job (``train_worker(spec)``: a worker's training of the described
+    job, returning its metrics record); returns its exit status (or ends the job)."""
     from . import config
 
     try:
@@ -108,16 +108,16 @@ def main(argv, train_worker) -> int:
 
     world = MPI.COMM_WORLD
     try:
-        config.validate(args, world_size=world.size)
+        spec = config.validate(args, world_size=world.size)
     except ConfigError as exc:
         if world.rank == 0:
             say(f"hvd_async.train: error: {exc}")
         return 2
     try:  # before anything is printed; on the workers (world ranks from --servers), which use the device
-        if world.rank >= args.servers:
-            device_kind(args.device)
+        if world.rank >= spec.layout.servers:
+            device_kind(spec.job.device)
     except ConfigError as exc:
-        if world.rank == args.servers:
+        if world.rank == spec.layout.servers:
             say(f"hvd_async.train: error: {exc}")
         return 2
 
@@ -127,12 +127,13 @@ def main(argv, train_worker) -> int:
     from .jobstate import WorkerStalled
     from .models import ModelError
 
-    if args.deterministic:  # before Horovod starts: a fused buffer's size (and so the reduction
+    job = spec.job
+    if job.deterministic:  # before Horovod starts: a fused buffer's size (and so the reduction
         os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"  # algorithm MPI picks) depends on timing
-    if args.worker_timeout:  # Horovod names a rank missing from a collective, then gives up
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(args.worker_timeout))))
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(2 * args.worker_timeout))))
-    ha.init(servers=args.servers)
+    if job.worker_timeout:  # Horovod names a rank missing from a collective, then gives up
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(job.worker_timeout))))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(2 * job.worker_timeout))))
+    ha.init(servers=spec.layout.servers)
     import torch
 
     # every rank's share of its node's cores (collective; the servers' rules do tensor math too)
@@ -141,7 +142,7 @@ def main(argv, train_worker) -> int:
     if world.rank == ha.num_servers():  # worker 0
         say(f"torch threads per rank (world ranks 0..{world.size - 1}, servers first): {' '.join(map(str, threads))}")
     if ha.is_server():
-        report = ha.serve(worker_timeout=args.worker_timeout)
+        report = ha.serve(worker_timeout=job.worker_timeout)
         for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
             say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
@@ -150,23 +151,23 @@ def main(argv, train_worker) -> int:
                 f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
         if report.dropped:
             say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
-                f"which made no progress for {args.worker_timeout:g} s (--worker-timeout)")
-            _abort_after(world, 1.0 if world.rank == 0 else 30.0, 4)  # they never join MPI_Finalize
+                f"which made no progress for {job.worker_timeout:g} s (--worker-timeout)")
+            failures.abort(world, 4, wait=1.0 if world.rank == 0 else 30.0)  # they never join MPI_Finalize
         return 0
     from .metrics import print_result
 
     record = None
     errors = ha.worker_comm().Dup()  # where the workers find out whether an error hit all of them
     try:
-        record = train_worker(args)
+        record = train_worker(spec)
         if ha.rank() == 0:
-            print_result(args, record)
+            print_result(spec, record)
     except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # alike on every worker, or not
         alike = _every_worker_failed(errors, ALIKE_SECONDS)
         if ha.rank() == 0 or not alike:
             say(f"hvd_async.train: error: {'' if alike else f'worker {ha.rank()}: '}{exc}")
         if not alike:  # the others train on and would wait for this one in their next collective
-            _abort_after(world, 0.5, 2)
+            failures.abort(world, 2, wait=0.5)
         return 2
     except TrainingStopped as exc:  # raised alike on every worker; a restart would not help
         if ha.rank() == 0:
@@ -175,17 +176,17 @@ def main(argv, train_worker) -> int:
     except WorkerStalled as exc:  # raised on every worker still running; the stalled one never returns
         if exc.printer:
             say(f"hvd_async.train: error: {exc}")
-        _abort_after(world, 0.5 if exc.printer else 5.0, 5)
+        failures.abort(world, 5, wait=0.5 if exc.printer else 5.0)
     except Exception as exc:  # one rank failed alone: take the job down rather than hang the others
-        if args.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
+        if job.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
             say(f"hvd_async.train: error: worker {ha.rank()}: a collective waited more than "
-                f"{args.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
+                f"{job.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
                 f"names the missing ranks): {str(exc).splitlines()[0]}")
-            _abort_after(world, 0.5, 5)
+            failures.abort(world, 5, wait=0.5)
         line = ha.runtime.departure_message(exc)  # another worker's leaving, not this one's error
         if line is not None and not os.environ.get("HVD_ASYNC_DEBUG"):
             say(line)
-            _abort_after(world, 1.0, 1)
+            failures.abort(world, 1, wait=1.0)
         traceback.print_exc()
         sys.stderr.flush()
         world.Abort(1)
@@ -198,7 +199,7 @@ def main(argv, train_worker) -> int:
             say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "
                 f"(--worker-timeout); exit status 4")
         ha.shutdown()
-        _abort_after(world, 30.0, 4)  # the servers end the job once they have reported
+        failures.abort(world, 4, wait=30.0)  # the servers end the job once they have reported
     return 0
 
 
@@ -242,8 +243,3 @@ def exit_process(code: int) -> None:
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
     os._exit(0)
-
-
-def _abort_after(world, seconds: float, code: int) -> None:
-    """End the whole job with ``code`` (MPI_Abort), after giving the others ``seconds`` to report."""
-    failures.abort(world, code, wait=seconds)

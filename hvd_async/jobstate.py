@@ -179,11 +179,10 @@ class WorkerBatches:
         return self.batches.next(epoch)
 
 
-def job_meta(args, workers: int, servers: int, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
-    """What a checkpoint's ``meta`` names of the job (``args``: the training job's options): a resume
-    with other values is refused. ``parameters`` (name -> shape) only where the model is built."""
-    meta = {"algorithm": args.algo, "workers": workers, "servers": servers, "dataset": args.dataset,
-            "model": args.model, "batch_size": args.batch_size, "seed": args.seed}
+def job_meta(spec, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
+    """What a checkpoint's ``meta`` names of the job (``spec``: its :class:`~hvd_async.jobspec.JobSpec`):
+    a resume with other values is refused. ``parameters`` (name -> shape) only where the model is built."""
+    meta = spec.meta()
     if parameters is not None:
         meta["parameters"] = parameters
     return meta

@@ -161,5 +161,5 @@ class BannerFilter:
             self.block = None
 
 
-def python_module(module: str, args: Sequence[str]) -> List[str]:
-    return [sys.executable, "-m", module, *args]
+def python_module(module: str, argv: Sequence[str]) -> List[str]:
+    return [sys.executable, "-m", module, *argv]

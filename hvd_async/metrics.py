@@ -66,17 +66,19 @@ def pooled_staleness(stats: dict, comm) -> np.ndarray:
     return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
 
 
-def print_result(args, record: Dict, *, simulated: bool = False) -> None:
-    """The job's last lines on stdout: the result, and where the metrics file went."""
+def print_result(spec, record: Dict, *, simulated: bool = False) -> None:
+    """The job's last lines on stdout (``spec``: the :class:`~hvd_async.jobspec.JobSpec`): the result,
+    and where the metrics file went."""
+    job = spec.job
     if simulated:
         who, took, rate = "simulated worker(s)", f"{record['wall_seconds']:.2f} simulated s", "samples per simulated s"
     else:
         who, took, rate = "worker(s)", f"{record['wall_seconds']:.1f} s", "samples/s"
-    print(f"result: {args.algo} on {args.dataset} ({args.model}), {record['workers']} {who}, {args.epochs} "
-          f"epochs: {args.eval_on} accuracy {record['final_test_accuracy']:.4f}, train loss {record['final_train_loss']:.4f}, "
+    print(f"result: {spec.algo} on {job.dataset} ({job.model}), {record['workers']} {who}, {job.epochs} "
+          f"epochs: {job.eval_on} accuracy {record['final_test_accuracy']:.4f}, train loss {record['final_train_loss']:.4f}, "
           f"{took}, {record['samples_per_second']:.0f} {rate}", flush=True)
-    if args.metrics_out:
-        print(f"metrics written to {args.metrics_out}", flush=True)
+    if job.metrics_out:
+        print(f"metrics written to {job.metrics_out}", flush=True)
 
 
 class RunMetrics:

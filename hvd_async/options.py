@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _KEY = "hvd_async"
 _BOOL_ACTIONS = ("store_true", "store_false", "boolean")
+_ACTIONS = _BOOL_ACTIONS + ("append",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Flag:
         choices: the accepted values, where they are a fixed list.
         action: for bool fields: ``"store_true"`` (the flag sets True), ``"store_false"`` (the flag
             sets False, e.g. ``--no-overlap``) or ``"boolean"`` (``--x`` / ``--no-x``, unset keeps
-            the algorithm's default).
+            the algorithm's default); for list fields ``"append"`` (a repeatable flag).
         from_job: the field is the job's option of this name (e.g. ``"seed"``), with no flag.
         convert: the parsed value -> the option's value (e.g. a switch -> ``'fp16'``).
         type: the parsed type where the field's annotation does not say it.
@@ -55,11 +56,14 @@ class Flag:
 
 def option(default: Any, help: str, *, flag: Optional[str] = None, **how) -> Any:
     """A field of an algorithm's options dataclass with its command-line form (see :class:`Flag`)."""
-    if how.get("action") not in (None,) + _BOOL_ACTIONS:
-        raise ValueError(f"action must be one of {', '.join(_BOOL_ACTIONS)}, got {how['action']!r}")
+    if how.get("action") not in (None,) + _ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(_ACTIONS)}, got {how['action']!r}")
     if flag is not None and not flag.startswith("--"):
         raise ValueError(f"flag must be a long option such as '--my-period', got {flag!r}")
-    return dataclasses.field(default=default, metadata={_KEY: Flag(flag, help, **how)})
+    metadata = {_KEY: Flag(flag, help, **how)}
+    if isinstance(default, list):  # a fresh list for each instance
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def declared(options_cls) -> List[Tuple[dataclasses.Field, Flag]]:
@@ -118,6 +122,22 @@ def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, s
             continue
         group.add_argument(flag, type=_parsed_type(options_cls, field, how), choices=how.choices,
                            default=d(default), metavar=how.metavar, help=text)
+
+
+def add_options(group, options_cls, *, suppress_defaults: bool) -> None:
+    """Add the flags of one options dataclass (e.g. the job's own) to ``group``, in declaration order."""
+    for field, how in declared(options_cls):
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        default = argparse.SUPPRESS if suppress_defaults else default
+        if how.action in ("store_true", "store_false"):
+            group.add_argument(how.flag, action=how.action, default=default, help=how.help)
+        elif how.action == "append":
+            group.add_argument(how.flag, action="append", default=default, metavar=how.metavar, help=how.help)
+        elif how.action == "boolean":
+            group.add_argument(how.flag, action=argparse.BooleanOptionalAction, default=default, help=how.help)
+        else:
+            group.add_argument(how.flag, type=_parsed_type(options_cls, field, how), choices=how.choices,
+                               default=default, metavar=how.metavar, help=how.help)
 
 
 def from_args(options_cls, args: argparse.Namespace) -> Dict[str, Any]:

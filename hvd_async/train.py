@@ -35,18 +35,18 @@ class _JobHost(Host):
     """A real worker: wall-clock time, ``--compute-ms`` slept (stretched by ``--straggler``), and
     ``--worker-timeout``'s watchdog and dropping of stalled workers."""
 
-    def __init__(self, args, comm, rank: int):
+    def __init__(self, job, comm, rank: int):
         from mpi4py import MPI
 
         super().__init__(MPI.MAX)
-        self.args = args
-        self.pacer = _Pacer(args.compute_ms, args.stragglers.get(rank, 1.0))
+        self.timeout = job.worker_timeout
+        self.pacer = _Pacer(job.compute_ms, job.stragglers.get(rank, 1.0))
         self.live = list(range(comm.size))  # worker numbers still in the workers' communicator
         self.watchdog = None
 
     def start(self, loop: WorkerLoop) -> None:
-        if self.args.worker_timeout:
-            self.watchdog = _Watchdog(self.args.worker_timeout, loop.comm, list(self.live))
+        if self.timeout:
+            self.watchdog = _Watchdog(self.timeout, loop.comm, list(self.live))
 
     def before_step(self, scale: float, last_work: float) -> float:
         self.pacer.before_step(scale, last_work)
@@ -61,7 +61,7 @@ class _JobHost(Host):
         parameter-server jobs go on without it, the others stop (:class:`WorkerStalled`)."""
         from .jobstate import WorkerStalled, rendezvous
 
-        timeout = self.args.worker_timeout
+        timeout = self.timeout
         if not timeout:
             return
         missing = rendezvous(loop.comm, timeout)
@@ -91,7 +91,7 @@ class _JobHost(Host):
         return super().finish(loop)
 
 
-def job_sgd(args, params, device):
+def job_sgd(spec, params, device):
     """The job's SGD. ssgd on CUDA gets torch's fused kernel (``fused=True``), which skips a
     non-finite step itself, so ssgd's guard reads nothing on the host (docs/reliability.md; the
     guide's "Running on a cluster" has the H100 figures); elsewhere the plain one."""
@@ -99,11 +99,12 @@ def job_sgd(args, params, device):
 
     from . import registry
 
-    fused = {"fused": True} if device.type == "cuda" and registry.strategy_class(args.algo).fused_sgd else {}
-    return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, **fused)
+    job = spec.job
+    fused = {"fused": True} if device.type == "cuda" and registry.strategy_class(spec.algo).fused_sgd else {}
+    return torch.optim.SGD(params, lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay, **fused)
 
 
-def _build(args) -> WorkerLoop:
+def _build(spec) -> WorkerLoop:
     """What a worker builds: the data (read on worker 0, broadcast), the model (broadcast), the wrapped
     optimizer, the metrics and checkpoints; then the loop (which resumes from ``--resume``)."""
     import horovod.torch as hvd
@@ -111,41 +112,36 @@ def _build(args) -> WorkerLoop:
 
     import hvd_async as ha
     from . import data, models
-    from .config import algorithm_options
     from .jobstate import JobCheckpoints, job_meta
     from .metrics import RunMetrics
 
-    rank, workers = ha.rank(), ha.size()
+    rank, job = ha.rank(), spec.job
     comm = ha.worker_comm()
-    torch.manual_seed(args.seed)
-    splits = data.for_evaluation(data.load_dataset_on(comm, args.dataset, args.data_dir, seed=args.seed,
-                                                      image_size=args.image_size), args.dataset, args.eval_on)
-    model = models.build_model(args.model, splits.input_shape, splits.num_classes)
-    device = _device(args.device, ha)
+    torch.manual_seed(job.seed)
+    splits = data.for_evaluation(data.load_dataset_on(comm, job.dataset, job.data_dir, seed=job.seed,
+                                                      image_size=job.image_size), job.dataset, job.eval_on)
+    model = models.build_model(job.model, splits.input_shape, splits.num_classes)
+    device = _device(job.device, ha)
     model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = ha.DistributedOptimizer(job_sgd(args, model.parameters(), device), named_parameters=model.named_parameters(),
-                                  algorithm=args.algo, **algorithm_options(args))
+    opt = ha.DistributedOptimizer(job_sgd(spec, model.parameters(), device), named_parameters=model.named_parameters(),
+                                  algorithm=spec.algo, **spec.algorithm)
     opt.begin()  # parameters were broadcast above: start the exchange now, not at step 1
-    host = _JobHost(args, comm, rank)
-    metrics = RunMetrics({
-        "algorithm": args.algo, "world_size": ha.world_size(), "workers": workers,
-        "servers": ha.num_servers(), "dataset": args.dataset, "evaluated_on": args.eval_on, "model": args.model,
-        "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-        "compute_ms": args.compute_ms, "stragglers": {str(k): v for k, v in args.stragglers.items()},
-    }, logdir=args.logdir, reporter=rank == 0)
+    host = _JobHost(job, comm, rank)
+    metrics = RunMetrics(spec.info(), logdir=job.logdir, reporter=rank == 0)
     saver = None
-    if args.checkpoint_dir:
-        saver = JobCheckpoints(args.checkpoint_dir, keep=args.keep_checkpoints, comm=comm, meta=job_meta(
-            args, workers, ha.num_servers(), {name: list(p.shape) for name, p in model.named_parameters()}))
-    return WorkerLoop(args, model=model, opt=opt, splits=splits, comm=comm, host=host, metrics=metrics,
-                      servers=ha.num_servers() > 0, device=device, saver=saver,
-                      progress=progress_mode(args.progress, rank == 0))
+    if job.checkpoint_dir:
+        saver = JobCheckpoints(job.checkpoint_dir, keep=job.keep_checkpoints, comm=comm, meta=job_meta(
+            spec, {name: list(p.shape) for name, p in model.named_parameters()}))
+    return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=comm, host=host, metrics=metrics,
+                      servers=spec.layout.servers > 0, device=device, saver=saver,
+                      progress=progress_mode(job.progress, rank == 0))
 
 
-def train_worker(args) -> dict:
-    """One worker's training loop; returns the metrics record (complete on worker 0)."""
-    return _build(args).run()
+def train_worker(spec) -> dict:
+    """One worker's training loop of the described job (a :class:`~hvd_async.jobspec.JobSpec`);
+    returns the metrics record (complete on worker 0)."""
+    return _build(spec).run()
 
 
 def main(argv=None) -> int:

@@ -77,7 +77,7 @@ class WorkerLoop:
     (:meth:`_end_epoch`) and write a checkpoint when one is due (:meth:`_checkpoint_due`).
 
     Args:
-        args: the job's options (``hvd-async train``'s, or the simulator's).
+        spec: the job (a :class:`~hvd_async.jobspec.JobSpec`, ``hvd-async train``'s or the simulator's).
         model, opt, splits: the model, its :class:`~hvd_async.DistributedOptimizer`, the data.
         comm: the workers' communicator (mpi4py's or the simulator's): ``allreduce`` and ``gather``.
         host: see :class:`Host`.
@@ -89,18 +89,20 @@ class WorkerLoop:
             or None.
     """
 
-    def __init__(self, args, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
+    def __init__(self, spec, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
                  saver=None, progress=None):
         import torch
 
         from .jobstate import WorkerBatches, parse_every
 
-        self.args, self.model, self.opt, self.splits, self.host = args, model, opt, splits, host
+        self.spec, self.options = spec, spec.job  # (self.job: the record of the job's progress)
+        self.model, self.opt, self.splits, self.host = model, opt, splits, host
+        options = spec.job
         self.comm, self.rank, self.workers = comm, comm.rank, comm.size
         self.metrics, self.device, self.saver, self.uses_servers = metrics, device, saver, servers
         self.reporter = self.rank == 0
-        self.source = WorkerBatches(len(splits.train), args.batch_size, rank=self.rank, workers=self.workers,
-                                    seed=args.seed, strategy=opt.strategy, servers=servers,
+        self.source = WorkerBatches(len(splits.train), options.batch_size, rank=self.rank, workers=self.workers,
+                                    seed=options.seed, strategy=opt.strategy, servers=servers,
                                     fetch_add=opt.strategy.batch_cursor())
         self.steps_per_epoch = (-(-self.source.global_steps // self.workers) if servers
                                 else self.source.batches.per_epoch)  # this worker's share (the bar's total)
@@ -108,13 +110,13 @@ class WorkerLoop:
         if self.reporter and progress:
             from .progress import EpochProgress
 
-            self.progress = EpochProgress(progress, share=self.steps_per_epoch, epochs=args.epochs,
-                                          desc=f"{args.algo} x{self.workers}")
+            self.progress = EpochProgress(progress, share=self.steps_per_epoch, epochs=options.epochs,
+                                          desc=f"{spec.algo} x{self.workers}")
         self.acc = Counters()  # this worker's counters (a checkpoint holds them)
         self.job = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [], "next_checkpoint": None}
-        self.every, self.unit = parse_every(args.checkpoint_every)
+        self.every, self.unit = parse_every(options.checkpoint_every)
         self.job["next_checkpoint"] = self.every
-        if args.resume:
+        if options.resume:
             self._resume()
         self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
         self.dropped = []  # workers a --worker-timeout dropped
@@ -146,9 +148,9 @@ class WorkerLoop:
             self.metrics.start -= job["elapsed"]
             say(f"resumed from {path}: epoch {job['epoch']}, {self.opt.progress()} updates so far")
         job["next_checkpoint"] = (self._count() // self.every + 1) * self.every
-        if job["epoch"] > self.args.epochs:
+        if job["epoch"] > self.options.epochs:
             raise ConfigError(f"--resume: checkpoint {path} has finished {job['epoch'] - 1} epoch(s) and "
-                              f"--epochs is {self.args.epochs}: give a larger --epochs to train on")
+                              f"--epochs is {self.options.epochs}: give a larger --epochs to train on")
 
     def save_checkpoint(self, progress: int) -> str:
         """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
@@ -187,7 +189,7 @@ class WorkerLoop:
         end: nobody waits inside an epoch; a worker whose every push is refused would never see its
         epoch end); synchronous algorithms decide at the same steps, together.
         """
-        acc, limit = self.acc, self.args.max_nonfinite
+        acc, limit = self.acc, self.options.max_nonfinite
         due = self.saver is not None and self.unit == "steps" and self._count() >= self.job["next_checkpoint"]
         if self.uses_servers:
             if limit and acc.streak >= limit:
@@ -217,7 +219,7 @@ class WorkerLoop:
                 reason = "end"
                 break
             x, y = batch
-            injected = host.before_step(len(y) / self.args.batch_size, acc.last_work)
+            injected = host.before_step(len(y) / self.options.batch_size, acc.last_work)
             t0 = clock()
             loss = F.cross_entropy(self.model(x), y)
             opt.zero_grad()
@@ -266,7 +268,7 @@ class WorkerLoop:
         return ended, pause, nonfinite, self.comm.allreduce(self.opt.progress(), op=self.host.MAX)
 
     def _stop_nonfinite(self, epoch: int, progress: int) -> None:
-        limit = self.args.max_nonfinite
+        limit = self.options.max_nonfinite
         where = self.save_checkpoint(progress) if self.saver else None
         hint = "lower --lr"
         if self.host.can_checkpoint:
@@ -302,7 +304,7 @@ class WorkerLoop:
         waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
         staleness = pooled_staleness(stats, comm)
         timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
-        self.batch_sizes = comm.gather(stats.get("batch_size", self.args.batch_size), root=0)
+        self.batch_sizes = comm.gather(stats.get("batch_size", self.options.batch_size), root=0)
         if self.reporter:
             self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds)
         self.staleness_seen = staleness
@@ -311,7 +313,7 @@ class WorkerLoop:
         self.loss_sum.zero_()
 
     def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds) -> None:
-        metrics, args = self.metrics, self.args
+        metrics, options = self.metrics, self.options
         entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=self.train_loss,
                               worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / self.workers,
                               timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
@@ -323,7 +325,7 @@ class WorkerLoop:
                                         compensation=self.opt.strategy.compensation_sums(self.stats)))
         if staleness.sum() > self.staleness_seen.sum():
             metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
-        line = (f"epoch {epoch}/{args.epochs}  train loss {self.train_loss:.4f}  {args.eval_on} accuracy "
+        line = (f"epoch {epoch}/{options.epochs}  train loss {self.train_loss:.4f}  {options.eval_on} accuracy "
                 f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} {self.host.seconds}")
         if self.progress is not None:
             self.progress.write(line)
@@ -335,7 +337,7 @@ class WorkerLoop:
         if self.saver is None:
             return False
         every, unit, count = self.every, self.unit, progress if self.uses_servers else self.acc.steps
-        due = (pause or (ended and epoch > self.args.epochs)
+        due = (pause or (ended and epoch > self.options.epochs)
                or (unit == "epochs" and ended and (epoch - 1) % every == 0)
                or (unit == "steps" and count >= self.job["next_checkpoint"]))
         if due:
@@ -344,10 +346,10 @@ class WorkerLoop:
 
     def run(self) -> dict:
         """The epochs; returns the metrics record (complete on worker 0)."""
-        args, opt, host = self.args, self.opt, self.host
+        opt, host = self.opt, self.host
         host.start(self)
         epoch = self.job["epoch"]
-        while epoch <= args.epochs:
+        while epoch <= self.options.epochs:
             reason = self._train(epoch)
             host.after_segment(self)
             host.beat()
@@ -402,7 +404,7 @@ class WorkerLoop:
             dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
             updates=opt.progress() if self.uses_servers else steps * self.workers, **counted)
         record.update(self.host.finish(self))
-        return metrics.finish(self.args.metrics_out, **record,
+        return metrics.finish(self.options.metrics_out, **record,
                               **metrics.compensation(opt.strategy.compensation_sums(stats)))
 
 

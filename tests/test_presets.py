@@ -30,9 +30,9 @@ def test_one_preset_per_algorithm():
 
 @pytest.mark.parametrize("path", PRESETS, ids=_name)
 def test_preset_parses_validates_and_cites_its_values(path):
-    args = config.validate(config.parse(["--config", path]))
-    assert args.algo == _name(path)
-    assert args.dataset == "digits" and args.workers >= 2
+    spec = config.validate(config.parse(["--config", path]))
+    assert spec.algo == _name(path)
+    assert spec.job.dataset == "digits" and spec.layout.workers >= 2
     text = open(path).read()
     assert re.search(r"^# When to use: \S", text, re.M), "the header must say when to use the preset"
     for key in yaml.safe_load(text):
@@ -50,16 +50,16 @@ JOB_DEFAULTS = ("lr", "momentum", "batch_size")
 def departures(path) -> list:
     """Where a preset's values differ from what it claims to be: the algorithm's declared option defaults
     (its Options dataclass, read through the registry) and the job's defaults for its dataset."""
-    args = config.validate(config.parse(["--config", path]))
-    options_cls = registry.strategy_class(args.algo).Options
+    spec = config.validate(config.parse(["--config", path]))
+    options_cls = registry.strategy_class(spec.algo).Options
     defaults = {field.name: field.default for field in dataclasses.fields(options_cls)}
     declared = {field.name: how for field, how in options.declared(options_cls)}
     found = [f"{_name(path)}: {declared[name].flag} is {value!r}, the declared default is {defaults[name]!r}"
-             for name, value in config.algorithm_options(args).items()
+             for name, value in spec.algorithm.items()
              if declared[name].from_job is None and value != defaults[name]]  # the job's own: below
-    job = config.parse(["--algo", args.algo, "--dataset", args.dataset])
-    found += [f"{_name(path)}: --{dest.replace('_', '-')} is {getattr(args, dest)!r}, the job's default is "
-              f"{getattr(job, dest)!r}" for dest in JOB_DEFAULTS if getattr(args, dest) != getattr(job, dest)]
+    job = config.validate(config.parse(["--algo", spec.algo, "--dataset", spec.job.dataset])).job
+    found += [f"{_name(path)}: --{dest.replace('_', '-')} is {getattr(spec.job, dest)!r}, the job's default is "
+              f"{getattr(job, dest)!r}" for dest in JOB_DEFAULTS if getattr(spec.job, dest) != getattr(job, dest)]
     return found
 
 
@@ -84,11 +84,11 @@ def test_a_departure_from_the_defaults_is_found(tmp_path):
     assert [line for line in departures(str(bad)) if "--lr is 0.05" in line], departures(str(bad))
 
 
-def _small(args):
+def _small(spec):
     """Flags that shrink a preset to one epoch at 2 workers (stragglers beyond worker 1 dropped)."""
-    argv = ["--np", str(args.servers + WORKERS), "--epochs", "1"]
-    if args.straggler:
-        kept = [s for s in args.straggler if int(s.split("=")[0]) < WORKERS]
+    argv = ["--np", str(spec.layout.servers + WORKERS), "--epochs", "1"]
+    if spec.job.straggler:
+        kept = [s for s in spec.job.straggler if int(s.split("=")[0]) < WORKERS]
         for spec in kept or ["0=1"]:  # a flag replaces the file's whole list
             argv += ["--straggler", spec]
     return argv
@@ -96,14 +96,14 @@ def _small(args):
 
 @pytest.mark.parametrize("path", PRESETS, ids=_name)
 def test_preset_trains_on_digits(path, tmp_path):
-    args = config.validate(config.parse(["--config", path]))
+    spec = config.validate(config.parse(["--config", path]))
     metrics = tmp_path / "m.json"
-    result = run(python("-m", "hvd_async.cli", "train", "--config", path, *_small(args),
+    result = run(python("-m", "hvd_async.cli", "train", "--config", path, *_small(spec),
                         "--metrics-out", str(metrics), "--progress", "epochs"), timeout=120)
     assert result.returncode == 0, result.out[-4000:]
     record = json.loads(metrics.read_text())
-    assert (record["algorithm"], record["workers"], record["servers"]) == (args.algo, WORKERS, args.servers)
-    assert (record["lr"], record["batch_size"]) == (args.lr, args.batch_size)  # the preset's values ran
+    assert (record["algorithm"], record["workers"], record["servers"]) == (spec.algo, WORKERS, spec.layout.servers)
+    assert (record["lr"], record["batch_size"]) == (spec.job.lr, spec.job.batch_size)  # the preset's values ran
     # one epoch with the preset's values learns: far above chance (0.1) and well below the first loss
     # (ln 10 = 2.30). Measured alone: accuracy 0.77 (od-sgd) to 0.93 (ssgd), train loss 0.97 to 1.24;
     # in a loaded CI run gossip's epoch-mean train loss was 1.62 at accuracy 0.86 (its peers mix less

@@ -39,6 +39,7 @@ INBOX_SLOTS_HELP = ("inbox slots per server shard: a push claims a free one and 
                     "it has taken the gradient, so the servers' inbox memory stops growing with the workers "
                     "past this many (0: one slot per worker, no claim)")
 SERVER_MOMENTA = ("per-worker", "shared")
+SERVER_MOMENTUM_DEFAULT = SERVER_MOMENTA[0]
 SERVER_MOMENTUM_HELP = ("where the servers keep the pushes' momentum: a buffer per worker "
                         "(per-worker: a round of pushes makes one ssgd momentum step, and the look-ahead sums the "
                         "buffers), or one buffer every push goes through (shared, as MXNet's DC-ASGD keeps: no "
@@ -103,7 +104,7 @@ class WorkerLookaheadOption(LookaheadOption):
 class ServerMomentum(OptionGroup):
     """Where a server program keeps momentum: a buffer per worker, or one shared by every push."""
 
-    server_momentum: str = option("per-worker", SERVER_MOMENTUM_HELP, flag="--server-momentum",
+    server_momentum: str = option(SERVER_MOMENTUM_DEFAULT, SERVER_MOMENTUM_HELP, flag="--server-momentum",
                                   choices=SERVER_MOMENTA)
 
     def __post_init__(self):

@@ -4,12 +4,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ..checkpoint import tensors_copy
-from ..checks import is_int_at_least
+from ..checks import is_int_at_least, user_stacklevel
 from ..options import option
 from ..rules import RunningMean
 from ..transport import window as W
-from .groups import (SERVER_MOMENTA, Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum,
-                     check_choice)
+from .groups import (SERVER_MOMENTA, SERVER_MOMENTUM_DEFAULT, Compression, InboxSlots, LookaheadOption,
+                     OptionGroup, PushRate, ServerMomentum, check_choice)
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
 
@@ -43,12 +43,12 @@ class DeprecatedMomentum(ServerMomentum):
         if self.momentum is not None:
             check_choice("momentum", self.momentum, SERVER_MOMENTA, "'per-worker' or 'shared' (and name it "
                          "server_momentum: momentum is its deprecated name)")
-            if self.server_momentum not in ("per-worker", self.momentum):
+            if self.server_momentum not in (SERVER_MOMENTUM_DEFAULT, self.momentum):
                 raise ValueError(f"momentum={self.momentum!r} and server_momentum={self.server_momentum!r} say two "
                                  f"things; give server_momentum alone (momentum is its deprecated name)")
             warnings.warn(f"softsync's momentum={self.momentum!r} (--softsync-momentum) is deprecated and will be "
                           f"removed: use server_momentum={self.momentum!r} (--server-momentum), the name dc-asgd "
-                          f"and lc-asgd use", FutureWarning, stacklevel=3)
+                          f"and lc-asgd use", FutureWarning, stacklevel=user_stacklevel())
             self.server_momentum, self.momentum = self.momentum, None
         super().__post_init__()
 

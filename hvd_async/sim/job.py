@@ -20,7 +20,8 @@ import torch
 
 from .. import models, registry
 from ..algorithms.base import parse_options
-from ..config import ConfigError, algorithm_options
+from ..config import ConfigError
+from ..jobspec import JobSpec
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
 from ..transport.trace import Trace, Tracer
@@ -29,7 +30,7 @@ from .clock import Scheduler
 from .collective import PeerWindows, SimCollectiveTransport, SimPeerTransport
 from .delays import DelayModel
 from .network import SimComm, SimNetwork
-from .options import factors
+from .options import SimOptions
 from .windows import ReplayScript, SimServers, SimWindowTransport
 
 
@@ -47,45 +48,45 @@ class _SimMetrics(RunMetrics):
 class Cluster:
     """What the workers share: the clock, the network, and the servers or peer windows."""
 
-    def __init__(self, args, numel: int):
-        self.args = args
-        self.sched = Scheduler(args.workers)
-        self.net = SimNetwork(self.sched, args.latency_ms / 1000.0)
-        self.strategy_cls = registry.strategy_class(args.algo)
+    def __init__(self, spec: JobSpec, sim: SimOptions, numel: int):
+        self.spec, self.sim = spec, sim
+        self.sched = Scheduler(sim.workers)
+        self.net = SimNetwork(self.sched, sim.latency_ms / 1000.0)
+        self.strategy_cls = registry.strategy_class(spec.algo)
         self.servers: Optional[SimServers] = None
         self.peers: Optional[PeerWindows] = None
         self.replay = None
-        if args.replay:
+        if sim.replay:
             try:
-                self.replay = Trace(args.replay)
+                self.replay = Trace(sim.replay)
                 self._check_replay()
             except (OSError, ValueError) as exc:
-                raise ConfigError(f"--replay {args.replay}: {exc}") from None
-        if args.servers > 0:
+                raise ConfigError(f"--replay {sim.replay}: {exc}") from None
+        servers, workers = spec.layout.servers, spec.layout.workers
+        if servers > 0:
             cls = self.strategy_cls
-            options = parse_options(cls.Options, args.algo, algorithm_options(args))
-            cls.resolve_options(options, args.workers)  # before the servers open
-            spec = cls.window_spec(options, numel, args.servers, args.workers)
+            options = parse_options(cls.Options, spec.algo, spec.algorithm)
+            cls.resolve_options(options, workers)  # before the servers open
+            window = cls.window_spec(options, numel, servers, workers)
             # the simulator models one inbox slot per worker and fp32 on the wire (no pool, no fp16)
-            self.servers = SimServers(dataclasses.replace(spec, slots=0, wire="fp32"), cls.server_program)
+            self.servers = SimServers(dataclasses.replace(window, slots=0, wire="fp32"), cls.server_program)
         elif self.strategy_cls.peer_windows:
-            self.peers = PeerWindows(args.workers, numel)
+            self.peers = PeerWindows(workers, numel)
 
     def _check_replay(self) -> None:
-        trace, args = self.replay, self.args
-        if trace.workers != args.workers:
+        trace, algo = self.replay, self.spec.algo
+        if trace.workers != self.sim.workers:
             raise ValueError(f"the recorded run had {trace.workers} workers; use --workers {trace.workers}")
         recorded = trace.events[0][0].get("algorithm")
-        if recorded != args.algo:
-            raise ValueError(f"the recorded run is {recorded}, not {args.algo}")
+        if recorded != algo:
+            raise ValueError(f"the recorded run is {recorded}, not {algo}")
         trace.check_order()
 
     def transport(self, rank: int):
-        args = self.args
         if self.servers is not None:
             tracer = None
-            if args.trace_out:
-                tracer = Tracer(args.trace_out, rank, args.algo)
+            if self.sim.trace_out:
+                tracer = Tracer(self.sim.trace_out, rank, self.spec.algo)
             script = ReplayScript(rank, self.replay.events[rank]) if self.replay is not None else None
             return SimWindowTransport(self.net, rank, self.servers, script=script, tracer=tracer)
         if self.peers is not None:
@@ -100,21 +101,22 @@ class Cluster:
             if not t.script.done:
                 raise RuntimeError(f"replay diverged: worker {t.rank} stopped after {t.script.position} of its "
                                    f"{len(t.script.events)} recorded exchanges")
-        return {"trace": self.args.replay, "pulls": sum(t.script.matched + t.script.unmatched for t in transports),
+        return {"trace": self.sim.replay, "pulls": sum(t.script.matched + t.script.unmatched for t in transports),
                 "pulls_matched": sum(t.script.matched for t in transports)}
 
 
-def run_job(args, splits) -> Dict:
+def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
     """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
-    numel = sum(p.numel() for p in models.build_model(args.model, splits.input_shape, splits.num_classes).parameters())
-    cluster = Cluster(args, numel)
-    slow = factors(args)
-    delays = [DelayModel(args.delay_dist, mean_ms=args.compute_ms, shape=args.delay_shape, seed=args.seed,
-                         worker=w, factor=slow[w]) for w in range(args.workers)]
-    transports = [None] * args.workers
+    job = spec.job
+    numel = sum(p.numel() for p in models.build_model(job.model, splits.input_shape, splits.num_classes).parameters())
+    cluster = Cluster(spec, sim, numel)
+    slow = sim.factors(spec.stragglers)
+    delays = [DelayModel(sim.delay_dist, mean_ms=job.compute_ms, shape=sim.delay_shape, seed=job.seed,
+                         worker=w, factor=slow[w]) for w in range(sim.workers)]
+    transports = [None] * sim.workers
 
     def body(w: int):
-        return _worker(args, splits, cluster, _SimHost(cluster, delays[w], w, transports), transports)
+        return _worker(spec, splits, cluster, _SimHost(cluster, delays[w], w, transports), transports)
 
     return cluster.sched.run(body)[0]
 
@@ -145,38 +147,30 @@ class _SimHost(Host):
         self.transports[self.rank].close()  # the simulator built it: the optimizer leaves it open
         if not loop.reporter:
             return {}
-        args = loop.args
         return {"wall_seconds": round(wall, 6), "time_base": "simulated",
-                "simulator": dict(_simulator_info(args), events=self.sched.events,
+                "simulator": dict(_simulator_info(loop.spec, self.cluster.sim), events=self.sched.events,
                                   exchanges=self.cluster.net.exchanges,
                                   replay=self.cluster.replayed(self.transports))}  # every worker has closed
 
 
-def _worker(args, splits, cluster: Cluster, host: _SimHost, transports: List) -> Dict:
+def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost, transports: List) -> Dict:
     """One simulated worker: what a real worker builds (after ``torch.manual_seed(seed)``), with its
     transport simulated, then the training job's loop on its clock."""
-    rank = host.rank
-    torch.manual_seed(args.seed)
-    model = models.build_model(args.model, splits.input_shape, splits.num_classes)
+    rank, job = host.rank, spec.job
+    torch.manual_seed(job.seed)
+    model = models.build_model(job.model, splits.input_shape, splits.num_classes)
     transport = transports[rank] = cluster.transport(rank)
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    opt = DistributedOptimizer(sgd, named_parameters=model.named_parameters(), algorithm=args.algo,
-                               transport=transport, **algorithm_options(args))
+    sgd = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay)
+    opt = DistributedOptimizer(sgd, named_parameters=model.named_parameters(), algorithm=spec.algo,
+                               transport=transport, **spec.algorithm)
     opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
-    metrics = _SimMetrics(_info(args), clock=host.clock, logdir=args.logdir, reporter=rank == 0)
-    return WorkerLoop(args, model=model, opt=opt, splits=splits, comm=SimComm(cluster.net, rank), host=host,
-                      metrics=metrics, servers=args.servers > 0).run()
+    metrics = _SimMetrics(spec.info(), clock=host.clock, logdir=job.logdir, reporter=rank == 0)
+    return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=SimComm(cluster.net, rank), host=host,
+                      metrics=metrics, servers=spec.layout.servers > 0).run()
 
 
-def _info(args) -> Dict:
-    return {"algorithm": args.algo, "world_size": args.workers + args.servers, "workers": args.workers,
-            "servers": args.servers, "dataset": args.dataset, "evaluated_on": args.eval_on, "model": args.model,
-            "epochs": args.epochs,
-            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "compute_ms": args.compute_ms,
-            "stragglers": {str(k): v for k, v in args.stragglers.items()}}
-
-
-def _simulator_info(args) -> Dict:
-    return {"delay_dist": args.delay_dist, "compute_ms": args.compute_ms, "delay_shape": args.delay_shape,
-            "latency_ms": args.latency_ms, "stragglers": {str(w): f for w, f in enumerate(factors(args)) if f != 1.0},
-            "slow_workers": args.slow_workers, "slow_factor": args.slow_factor, "seed": args.seed}
+def _simulator_info(spec: JobSpec, sim: SimOptions) -> Dict:
+    factors = sim.factors(spec.stragglers)
+    return {"delay_dist": sim.delay_dist, "compute_ms": spec.job.compute_ms, "delay_shape": sim.delay_shape,
+            "latency_ms": sim.latency_ms, "stragglers": {str(w): f for w, f in enumerate(factors) if f != 1.0},
+            "slow_workers": sim.slow_workers, "slow_factor": sim.slow_factor, "seed": spec.job.seed}

@@ -2,14 +2,17 @@
 
 The parser is :func:`hvd_async.config.build_parser` (so every algorithm flag means what it means for
 ``train``) with the simulator's options added; values are checked by :func:`hvd_async.config.validate`
-with ``world_size = workers + servers`` and then by :func:`check`. Every bad value raises
+with ``world_size = workers + servers`` and then by :func:`check`, which returns the job's
+:class:`~hvd_async.jobspec.JobSpec` and the simulator's :class:`SimOptions`. Every bad value raises
 :class:`~hvd_async.config.ConfigError` with one line.
 """
 import argparse
+import dataclasses
 import os
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .. import config, options, registry
+from ..options import option
 from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 
 DEFAULT_COMPUTE_MS = 10.0
@@ -25,6 +28,61 @@ def _retune(parser, dest: str, **changes) -> None:
     raise KeyError(dest)
 
 
+@dataclasses.dataclass
+class SimOptions:
+    """The simulator's own options (beside every option of ``hvd-async train``)."""
+
+    workers: int = option(4, "simulated workers", flag="--workers", metavar="N")
+    delay_dist: str = option("constant", "distribution of each step's compute time (mean --compute-ms)",
+                             flag="--delay-dist", choices=DISTRIBUTIONS)
+    delay_shape: Optional[float] = option(
+        None, f"the distribution's shape: uniform half-width as a fraction of the mean (default "
+        f"{DEFAULT_SHAPE['uniform']}), lognormal sigma ({DEFAULT_SHAPE['lognormal']}), pareto alpha > 1 "
+        f"({DEFAULT_SHAPE['pareto']}); constant and exponential take none", flag="--delay-shape", metavar="X")
+    latency_ms: float = option(0.0, "simulated time per exchange (a push, a pull, a request and its answer, a "
+                               "collective, a peer's get or accumulate)", flag="--latency-ms", metavar="MS")
+    slow_workers: int = option(0, "slow the first K workers down by --slow-factor", flag="--slow-workers",
+                               metavar="K")
+    slow_factor: float = option(4.0, "compute-time factor of the --slow-workers (>= 1; multiplies "
+                                "--straggler's)", flag="--slow-factor", metavar="F")
+    trace_out: Optional[str] = option(
+        None, "write every worker's pushes and pulls (and final weights) here, in the format "
+        "HVD_ASYNC_WINDOW_TRACE gives a real run (the parameter-server algorithms)", flag="--trace-out",
+        metavar="DIR")
+    replay: Optional[str] = option(
+        None, "asgd, dc-asgd, lc-asgd: make the pushes land in the order a real run recorded "
+        "(HVD_ASYNC_WINDOW_TRACE=DIR); needs the same --workers, --seed and options", flag="--replay",
+        metavar="DIR")
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.latency_ms < float("inf"):
+            raise ValueError(f"latency_ms must be a finite number >= 0, got {self.latency_ms}")
+        if not 0 <= self.slow_workers <= self.workers:
+            raise ValueError(f"slow_workers must be between 0 and --workers ({self.workers}), "
+                             f"got {self.slow_workers}")
+        if not 1 <= self.slow_factor < float("inf"):
+            raise ValueError(f"slow_factor must be >= 1 and finite (how many times longer a step takes), "
+                             f"got {self.slow_factor}")
+        if self.trace_out and os.path.exists(self.trace_out) and not os.path.isdir(self.trace_out):
+            raise ValueError(f"trace_out {self.trace_out} exists and is not a folder; give a folder for the "
+                             f"trace files")
+        self.delay_shape = check_shape(self.delay_dist, self.delay_shape)
+        if self.replay is not None:
+            if self.latency_ms:
+                raise ValueError("replay needs --latency-ms 0 (the recorded order, not latency, "
+                                 "decides when a push lands)")
+            if not os.path.isdir(self.replay):
+                raise ValueError(f"replay {self.replay} is not a folder; give the folder a real run wrote "
+                                 f"with HVD_ASYNC_WINDOW_TRACE=DIR (worker-R.jsonl files)")
+
+    def factors(self, stragglers) -> List[float]:
+        """Each worker's compute-time factor: its --straggler's times --slow-factor for the first K."""
+        return [stragglers.get(w, 1.0) * (self.slow_factor if w < self.slow_workers else 1.0)
+                for w in range(self.workers)]
+
+
 def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
     d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
     p = config.build_parser(prog="hvd-async simulate", launcher=False, suppress_defaults=suppress_defaults)
@@ -38,27 +96,7 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
     _retune(p, "straggler", help="multiply that worker's compute times by FACTOR (repeatable; workers "
                                  "are numbered 0..workers-1)")
     _retune(p, "progress", help="ignored: the simulator prints one line per epoch")
-    g = p.add_argument_group("simulator")
-    g.add_argument("--workers", type=int, default=d(4), metavar="N", help="simulated workers")
-    g.add_argument("--delay-dist", choices=DISTRIBUTIONS, default=d("constant"),
-                   help="distribution of each step's compute time (mean --compute-ms)")
-    g.add_argument("--delay-shape", type=float, default=d(None), metavar="X",
-                   help="the distribution's shape: uniform half-width as a fraction of the mean "
-                        f"(default {DEFAULT_SHAPE['uniform']}), lognormal sigma ({DEFAULT_SHAPE['lognormal']}), "
-                        f"pareto alpha > 1 ({DEFAULT_SHAPE['pareto']}); constant and exponential take none")
-    g.add_argument("--latency-ms", type=float, default=d(0.0), metavar="MS",
-                   help="simulated time per exchange (a push, a pull, a request and its answer, a "
-                        "collective, a peer's get or accumulate)")
-    g.add_argument("--slow-workers", type=int, default=d(0), metavar="K",
-                   help="slow the first K workers down by --slow-factor")
-    g.add_argument("--slow-factor", type=float, default=d(4.0), metavar="F",
-                   help="compute-time factor of the --slow-workers (>= 1; multiplies --straggler's)")
-    g.add_argument("--trace-out", default=d(None), metavar="DIR",
-                   help="write every worker's pushes and pulls (and final weights) here, in the format "
-                        "HVD_ASYNC_WINDOW_TRACE gives a real run (the parameter-server algorithms)")
-    g.add_argument("--replay", default=d(None), metavar="DIR",
-                   help="asgd, dc-asgd, lc-asgd: make the pushes land in the order a real run recorded "
-                        "(HVD_ASYNC_WINDOW_TRACE=DIR); needs the same --workers, --seed and options")
+    options.add_options(p.add_argument_group("simulator"), SimOptions, suppress_defaults=suppress_defaults)
     return p
 
 
@@ -79,10 +117,13 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return config.apply_dataset_defaults(args, {*given, *from_file})
 
 
-def check(args: argparse.Namespace) -> argparse.Namespace:
-    """``config.validate`` for ``workers + servers`` processes, then the simulator's own checks."""
-    if args.workers < 1:
-        raise config.ConfigError(f"--workers must be >= 1, got {args.workers}")
+def check(args: argparse.Namespace) -> Tuple[config.JobSpec, SimOptions]:
+    """``config.validate`` for ``workers + servers`` processes, then the simulator's own checks: the
+    job's description and the simulator's options."""
+    if args.replay is not None and args.algo in registry.names() and args.algo not in registry.replayable():
+        raise config.ConfigError(f"--replay supports {', '.join(registry.replayable())} (the order of pushes "
+                                 f"decides the run), not {args.algo}")
+    sim = config.options_from(SimOptions, args)
     if args.servers is None:
         try:
             row = registry.get(args.algo)
@@ -90,45 +131,21 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
             row = None  # validate() says what is accepted
         if row is not None:
             args.servers = int(registry.uses_servers(args.algo, config.algorithm_options(args)))
-    config.validate(args, world_size=args.workers + (args.servers or 0))
-    for flag, given in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume),
-                        ("--worker-timeout", args.worker_timeout), ("--device cuda", args.device == "cuda")):
+    spec = config.validate(args, world_size=sim.workers + (args.servers or 0))
+    job = spec.job
+    for flag, given in (("--checkpoint-dir", job.checkpoint_dir), ("--resume", job.resume),
+                        ("--worker-timeout", job.worker_timeout), ("--device cuda", job.device == "cuda")):
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
-    if not registry.strategy_class(args.algo).simulated(config.algorithm_options(args)):
-        raise config.ConfigError(f"--algo {args.algo} {config.given_flags(args) or '(its default options)'} cannot "
+    if not registry.strategy_class(spec.algo).simulated(spec.algorithm):
+        raise config.ConfigError(f"--algo {spec.algo} {config.given_flags(args) or '(its default options)'} cannot "
                                  f"be simulated (its exchange runs on a thread of its own); the simulator runs: "
                                  f"{', '.join(_simulated())}")
-    if not args.compute_ms > 0:
+    if not job.compute_ms > 0:
         raise config.ConfigError(f"--compute-ms must be > 0 in the simulator (mean virtual compute per step), "
-                                 f"got {args.compute_ms}")
-    if not 0 <= args.latency_ms < float("inf"):
-        raise config.ConfigError(f"--latency-ms must be a finite number >= 0, got {args.latency_ms}")
-    if not 0 <= args.slow_workers <= args.workers:
-        raise config.ConfigError(f"--slow-workers must be between 0 and --workers ({args.workers}), "
-                                 f"got {args.slow_workers}")
-    if not 1 <= args.slow_factor < float("inf"):
-        raise config.ConfigError(f"--slow-factor must be >= 1 and finite (how many times longer a step "
-                                 f"takes), got {args.slow_factor}")
-    if args.trace_out and os.path.exists(args.trace_out) and not os.path.isdir(args.trace_out):
-        raise config.ConfigError(f"--trace-out {args.trace_out} exists and is not a folder; give a folder "
-                                 f"for the trace files")
-    try:
-        args.delay_shape = check_shape(args.delay_dist, args.delay_shape)
-    except ValueError as exc:
-        raise config.ConfigError(str(exc)) from None
-    if args.replay is not None:
-        if args.algo not in registry.replayable():
-            raise config.ConfigError(f"--replay supports {', '.join(registry.replayable())} (the order of pushes "
-                                     f"decides the run), not {args.algo}")
-        if args.latency_ms:
-            raise config.ConfigError("--replay needs --latency-ms 0 (the recorded order, not latency, "
-                                     "decides when a push lands)")
-        if not os.path.isdir(args.replay):
-            raise config.ConfigError(f"--replay {args.replay} is not a folder; give the folder a real run wrote "
-                                     f"with HVD_ASYNC_WINDOW_TRACE=DIR (worker-R.jsonl files)")
-    return args
+                                 f"got {job.compute_ms}")
+    return spec, sim
 
 
 def _simulated() -> list:
@@ -143,9 +160,3 @@ def _simulated() -> list:
             if other:
                 out.append(f"{name} with {' or '.join(other)}")
     return out
-
-
-def factors(args) -> list:
-    """Each worker's compute-time factor: its --straggler's times --slow-factor for the first K."""
-    return [args.stragglers.get(w, 1.0) * (args.slow_factor if w < args.slow_workers else 1.0)
-            for w in range(args.workers)]

@@ -9,7 +9,8 @@ strategies' own ``server_program`` (``AccumulateProgram``, ``DCProgram``, ``LCPr
 message, lands in the host's ``answers`` for the worker to collect.
 
 :class:`SimWindowTransport` is the worker side with
-:class:`~hvd_async.transport.window.WindowTransport`'s interface and contract: an ``accumulate``
+:class:`~hvd_async.transport.window.WindowTransport`'s interface and contract, built on the same base
+(:class:`~hvd_async.transport.window.worker_side.WorkerSide`, through its constructor): an ``accumulate``
 adds the delta into every shard and takes the shard's version as its place in the order (staleness =
 that version less the one read at the last pull); a mailbox request runs the server program's
 ``on_request`` at once (the simulated server answers in no time) and ``wait()`` blocks, on the
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from ..transport import window as W
-from ..transport.base import Transport
+from ..transport.window.worker_side import WorkerSide
 from .network import Calls, SimNetwork
 
 
@@ -142,7 +143,7 @@ class SimServers:
             self.stats = [host.close() for host in self.hosts]
 
 
-class SimWindowTransport(W.WindowTransport):
+class SimWindowTransport(WorkerSide):
     """Worker ``rank``'s side of the simulated parameter servers (``WindowTransport``'s interface).
 
     Args:
@@ -154,21 +155,14 @@ class SimWindowTransport(W.WindowTransport):
     """
 
     def __init__(self, net: SimNetwork, rank: int, servers: SimServers, *,
-                 script: Optional[ReplayScript] = None, tracer=None):  # noqa: no MPI windows to open
-        Transport.__init__(self)
-        self.net, self._rank, self.cluster = net, rank, servers
-        self.spec, self.bounds, self.hosts = servers.spec, servers.bounds, servers.hosts
-        s = self.spec.servers
-        self._versions = np.zeros(s, dtype=np.int64)
-        self.latest_versions = np.zeros(s, dtype=np.int64)
-        self._hist_due = np.zeros((s, W.HIST_BINS), dtype=np.int64)  # always empty: counts land at once
-        self._hist_pushes = 0
-        self._pending: Optional[W.Pending] = None
+                 script: Optional[ReplayScript] = None, tracer=None):
+        super().__init__(servers.spec, rank)  # (its staleness counts stay empty: here they land at once)
+        self.net, self.cluster, self.hosts = net, servers, servers.hosts
         self._calls = Calls()
         self.script = script
         self._trace = tracer
 
-    # rank, size, servers, versions, local_state, load_local_state: WindowTransport's own
+    # rank, size, servers, versions, push, local_state, load_local_state: WorkerSide's
 
     def clock(self) -> float:
         """This worker's virtual clock (dbs-asgd measures its speed with it)."""
@@ -183,11 +177,6 @@ class SimWindowTransport(W.WindowTransport):
         self.net.collective(self._rank, self._calls.key("barrier"), None, lambda values: None)
 
     # --- helpers ------------------------------------------------------------------------------
-    def _check_idle(self) -> None:
-        self._check_open()
-        if self._pending is not None and not self._pending.done:
-            raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
-
     def _check_flat(self, flat: torch.Tensor) -> None:
         if flat.dtype != torch.float32 or flat.device.type != "cpu" or not flat.is_contiguous() \
                 or flat.numel() != self.spec.numel:
@@ -325,9 +314,6 @@ class SimWindowTransport(W.WindowTransport):
 
         self._pending = W.Pending(finish)
         return self._pending
-
-    def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> W.Answers:
-        return self.request_async(W.Kind.PUSH, grad=grad, out=out, payload=payload).wait()
 
     # --- checkpoints: the shards' state, as the real servers give and take it -------------------
     def server_state(self) -> List[Dict]:

@@ -234,6 +234,73 @@ def test_no_import_cycle_in_the_package():
     assert not found, f"modules that import each other (directly or around a loop): {found}"
 
 
+# --- the job's description -------------------------------------------------------------------------
+
+# The command-line front ends: they parse flags and build the typed job (hvd_async.jobspec) from them;
+# hvd_async.sim's simulate() takes an argv list or a Namespace as its public form of the same.
+FRONT_ENDS = {"hvd_async.cli", "hvd_async.config", "hvd_async.options", "hvd_async.sim", "hvd_async.sim.options",
+              "hvd_async.sim.runner"}
+
+
+def namespace_readers(source: str) -> list:
+    """``line: what`` of each sign of a module taking parsed flags: an import of argparse, or a function
+    parameter named ``args`` (the name the Namespace travelled under)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(alias.name == "argparse" for alias in node.names):
+            found.append(f"{node.lineno}: import argparse")
+        elif isinstance(node, ast.ImportFrom) and node.module == "argparse":
+            found.append(f"{node.lineno}: from argparse import")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            found += [f"{node.lineno}: parameter {p.arg}" for p in params if p.arg == "args"]
+    return found
+
+
+def test_below_the_front_ends_no_module_takes_parsed_flags():
+    """The CLI and YAML build one JobSpec (validated once); the loop, the simulator's job, the metrics,
+    the checkpoints and the servers take its typed parts, never an argparse Namespace."""
+    found = {name: hits for name, (_, text) in MODULES.items() if name not in FRONT_ENDS
+             for hits in [namespace_readers(text)] if hits}
+    assert not found, f"modules below the front ends taking parsed flags: {found}; take hvd_async.jobspec's parts"
+    assert FRONT_ENDS <= set(MODULES), f"front ends renamed: {sorted(FRONT_ENDS - set(MODULES))}"
+
+
+# --- constructors --------------------------------------------------------------------------------
+
+def explicit_init_calls(source: str) -> list:
+    """``line: call`` of each ``SomeClass.__init__(self, ...)``: a constructor chosen by hand, which
+    skips the others of the class's bases (their constructors run through ``super().__init__``)."""
+    return [f"{node.lineno}: {ast.unparse(node)[:60]}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+            and not (isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "id", None) == "super")]
+
+
+def test_no_constructor_is_called_by_hand():
+    found = {name: hits for name, (_, text) in MODULES.items() for hits in [explicit_init_calls(text)] if hits}
+    assert not found, f"constructors called by hand (skipping the bases' own): {found}; call super().__init__"
+
+
+def test_the_simulators_transports_build_on_the_shared_bases_not_on_the_mpi_ones():
+    """The simulated transports share the worker side's bookkeeping with the real ones through a
+    constructor they call (WorkerSide for the servers' windows), never by subclassing a transport that
+    opens MPI resources and skipping its constructor."""
+    import inspect
+
+    from hvd_async.sim import collective, windows
+    from hvd_async.transport.base import Transport
+    from hvd_async.transport.horovod import HorovodTransport
+    from hvd_async.transport.peer import PeerWindowTransport
+    from hvd_async.transport.window import WindowTransport, WorkerSide
+
+    simulated = [cls for module in (collective, windows) for _, cls in inspect.getmembers(module, inspect.isclass)
+                 if issubclass(cls, Transport) and cls.__module__ == module.__name__]
+    assert len(simulated) == 3, simulated
+    real = (WindowTransport, PeerWindowTransport, HorovodTransport)
+    assert not [cls for cls in simulated if issubclass(cls, real)], "a simulated transport subclasses a real MPI one"
+    assert issubclass(windows.SimWindowTransport, WorkerSide) and issubclass(WindowTransport, WorkerSide)
+
+
 # --- the checkers find what they look for ---------------------------------------------------------
 
 PLANTED = {
@@ -242,6 +309,9 @@ PLANTED = {
     "list": ('REPLAYS = ("asgd", "dc-asgd")\n', name_lists),
     "getattr": ('def f(strategy):\n    return getattr(strategy, "skipped_nonfinite", 0)\n', contract_getattrs),
     "getattr-cls": ('def f(cls):\n    return getattr(cls, "mode", "accumulate")\n', contract_getattrs),
+    "namespace": ('def run_job(args, splits):\n    return args.epochs\n', namespace_readers),
+    "argparse": ('import argparse\n', namespace_readers),
+    "init-by-hand": ('class A(B):\n    def __init__(self):\n        Transport.__init__(self)\n', explicit_init_calls),
 }
 
 

@@ -9,20 +9,20 @@ def _validate(argv, world_size=None):
 
 
 def test_defaults():
-    args = _validate([])
-    assert (args.algo, args.np, args.servers, args.workers, args.dataset, args.model) == \
-        ("ssgd", 4, 0, 4, "digits", "mlp")
+    spec = _validate([])
+    assert (spec.algo, spec.layout.world_size, spec.layout.servers, spec.layout.workers, spec.job.dataset,
+            spec.job.model) == ("ssgd", 4, 0, 4, "digits", "mlp")
 
 
 def test_yaml_file_under_flags(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("epochs: 3\nbatch-size: 16\nlr: '0.05'\nstraggler: {1: 2.5}\ncompute_ms: 5\n")
-    args = _validate(["--config", str(path), "--epochs", "7"])
-    assert args.epochs == 7          # the flag wins
-    assert args.batch_size == 16 and args.lr == 0.05 and args.compute_ms == 5.0
-    assert args.stragglers == {1: 2.5}
-    args = _validate(["--config", str(path), "--straggler", "3=2"])
-    assert args.stragglers == {3: 2.0}  # a flag replaces the file's list, it does not add to it
+    job = _validate(["--config", str(path), "--epochs", "7"]).job
+    assert job.epochs == 7          # the flag wins
+    assert job.batch_size == 16 and job.lr == 0.05 and job.compute_ms == 5.0
+    assert job.stragglers == {1: 2.5}
+    job = _validate(["--config", str(path), "--straggler", "3=2"]).job
+    assert job.stragglers == {3: 2.0}  # a flag replaces the file's list, it does not add to it
 
 
 @pytest.mark.parametrize("text,match", [
@@ -71,8 +71,8 @@ def test_np_must_match_the_mpi_world():
     args = config.parse(["--np", "4"], launcher=False)
     with pytest.raises(config.ConfigError, match="--np 4 does not match the 2 MPI processes"):
         config.validate(args, world_size=2)
-    args = config.validate(config.parse([], launcher=False), world_size=3)  # no --np: the world decides
-    assert args.workers == 3
+    spec = config.validate(config.parse([], launcher=False), world_size=3)  # no --np: the world decides
+    assert spec.layout.workers == 3
 
 
 def test_every_preset_is_valid():
@@ -84,10 +84,10 @@ def test_every_preset_is_valid():
     assert {"ssgd.yaml", "asgd.yaml", "dc-asgd.yaml", "softsync.yaml", "od-sgd.yaml", "hpsgd.yaml",
             "lc-asgd.yaml", "dbs-asgd.yaml", "gossip.yaml", "easgd.yaml", "backup-sgd.yaml"} <= {os.path.basename(p) for p in presets}
     for path in presets:
-        args = _validate(["--config", path])
-        assert args.algo == os.path.basename(path)[:-5]
-        assert args.servers == (0 if args.algo in ("ssgd", "hpsgd", "gossip") else 1)
-        assert config.algorithm_options(args) is not None
+        spec = _validate(["--config", path])
+        assert spec.algo == os.path.basename(path)[:-5]
+        assert spec.layout.servers == (0 if spec.algo in ("ssgd", "hpsgd", "gossip") else 1)
+        assert spec.algorithm is not None
 
 
 def test_another_algorithms_option_is_refused_only_where_given(tmp_path):

@@ -431,9 +431,10 @@ def test_softsyncs_old_momentum_name_still_works_with_a_warning():
     refused."""
     from hvd_async import config
 
-    with pytest.warns(FutureWarning, match=r"use server_momentum='shared' \(--server-momentum\)"):
+    with pytest.warns(FutureWarning, match=r"use server_momentum='shared' \(--server-momentum\)") as caught:
         old = SoftSyncOptions(momentum="shared")
     assert old.server_momentum == "shared" and old.shared_momentum and old.momentum is None
+    assert [w.filename for w in caught] == [__file__], "the warning names the caller's line, not the package's"
     with pytest.warns(FutureWarning):
         assert SoftSyncOptions(momentum="shared", server_momentum="shared").server_momentum == "shared"
     with pytest.raises(ValueError, match="momentum='per-worker' and server_momentum='shared' say two things"):
@@ -441,8 +442,8 @@ def test_softsyncs_old_momentum_name_still_works_with_a_warning():
     with pytest.raises(ValueError, match="momentum must be .per-worker. or .shared. .and name it server_momentum"):
         SoftSyncOptions(momentum="both")
     with pytest.warns(FutureWarning, match="--softsync-momentum"):  # the job's validation builds the options
-        args = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--softsync-momentum", "shared"]))
+        spec = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--softsync-momentum", "shared"]))
     with pytest.warns(FutureWarning):
-        assert SoftSyncOptions(**config.algorithm_options(args)).server_momentum == "shared"
-    args = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--server-momentum", "shared"]))
-    assert SoftSyncOptions(**config.algorithm_options(args)).server_momentum == "shared"
+        assert SoftSyncOptions(**spec.algorithm).server_momentum == "shared"
+    spec = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--server-momentum", "shared"]))
+    assert SoftSyncOptions(**spec.algorithm).server_momentum == "shared"

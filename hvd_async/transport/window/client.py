@@ -6,17 +6,16 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..base import Transport
 from ..leave import LeaveWatch
 from .counters import MetaAccess
 from .state import ServerState
 from .slots import SlotClaim
-from .layout import (HIST_BINS, H_LEN, H_SLOT, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER,
-                     TAG_CLOSE, TAG_OPEN, TAG_REQUEST, Answers, Kind, Pending,
-                     WindowSpec, _Windows, encode_request, shard_bounds)
+from .layout import (H_LEN, H_SLOT, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER, TAG_CLOSE,
+                     TAG_OPEN, TAG_REQUEST, Answers, Kind, Pending, WindowSpec, _Windows, encode_request)
+from .worker_side import WorkerSide
 
 
-class WindowTransport(MetaAccess, ServerState, Transport):
+class WindowTransport(MetaAccess, ServerState, WorkerSide):
     """The worker side: pull the global weights, push deltas or gradients, read versions.
 
     Opening is collective over the whole job (every worker constructs it, every server serves);
@@ -30,8 +29,6 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         options: the server rule's options (plain values, pickled to the servers).
     """
 
-    closes_collectively = True
-
     @classmethod
     def open(cls, spec: WindowSpec, comms) -> "WindowTransport":
         """The transport for ``spec`` (its servers and workers are the job's, from ``comms``)."""
@@ -40,7 +37,6 @@ class WindowTransport(MetaAccess, ServerState, Transport):
 
     def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
                  wire: str = "fp32", slots: int = 0, outbox: bool = True):
-        super().__init__()
         from mpi4py import MPI
 
         if mode not in MODES:
@@ -55,15 +51,13 @@ class WindowTransport(MetaAccess, ServerState, Transport):
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
                                f"this job has none: call hvd_async.init(servers=1) (or more) and "
                                f"launch at least one extra process for each server")
+        super().__init__(WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
+                                    dict(options or {}), wire, int(slots), bool(outbox)), comms.group.rank)
         self._MPI = MPI
-        self.spec = WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
-                               dict(options or {}), wire, int(slots), bool(outbox))
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
         self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
-        self.bounds = shard_bounds(self.spec.numel, comms.servers)
         self._workers_comm = comms.group
-        self._rank = comms.group.rank
         if self._rank == 0:
             for server in range(comms.servers):
                 comms.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
@@ -75,15 +69,10 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         self._no_float = [np.empty(0, dtype=np.float32), MPI.FLOAT]
         self._win.lock_all()
         self._watch = LeaveWatch(comms.group, f"{algorithm} transport")  # no collective waits for a leaver
-        self._versions = np.zeros(comms.servers, dtype=np.int64)   # version each shard had at the last pull
-        self.latest_versions = np.zeros(comms.servers, dtype=np.int64)  # newest version seen per shard
         self._one = np.ones(1, dtype=np.int64)
         self._fetched = np.zeros(comms.servers, dtype=np.int64)
-        self._hist_due = np.zeros((comms.servers, HIST_BINS), dtype=np.int64)  # not yet on the servers
-        self._hist_pushes = 0
         self._answers = np.zeros((comms.servers, R_LEN), dtype=np.float64)
         self._header = np.zeros(H_LEN, dtype=np.float64)  # one request, the same to every shard
-        self._pending: Optional[Pending] = None
         self._slice_cache: Dict = {}
         self._one_t = [self._one, MPI.INT64_T]
         # NO_OP reads ignore their origin buffer, but mpi4py wants one: empty, of the window's type
@@ -96,25 +85,11 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
         self._claim = SlotClaim(self.comm, self.spec) if self.spec.pooled else None
-        self.slot_waits = 0  # pushes that found every inbox slot of a shard taken and waited
         from ..trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
 
         self._trace = Tracer.from_env(self._rank, algorithm, mode)
 
-    # --- who we are ------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    size = property(lambda self: self.spec.workers)
-
-    servers = property(lambda self: self.spec.servers)
-
-    @property
-    def versions(self) -> np.ndarray:
-        """Per shard, the version of the weights this worker last received."""
-        return self._versions.copy()
-
+    # --- the workers' collectives -------------------------------------------------------------
     def allgather_object(self, obj) -> List[Any]:
         self._check_open()
         self._watch.barrier(self._workers_comm, "an allgather")  # then the allgather cannot hang
@@ -173,12 +148,6 @@ class WindowTransport(MetaAccess, ServerState, Transport):
         if k in self.atomic_reads:
             return self._win.weights.Rget_accumulate(self._no_float, part, k, target=target, op=self._MPI.NO_OP)
         return self._win.weights.Rget(part, k, target=target)
-
-    def _check_idle(self) -> None:
-        if self._closed:
-            self._check_open()
-        if self._pending is not None and not self._pending.done:
-            raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
 
     # --- weights ------------------------------------------------------------------------------
     def publish_(self, flat: torch.Tensor) -> None:
@@ -401,10 +370,6 @@ class WindowTransport(MetaAccess, ServerState, Transport):
 
         self._pending = Pending(finish)
         return self._pending
-
-    def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> Answers:
-        """Push ``grad`` (mailbox mode), wait for the servers' answers, get the new weights into ``out``."""
-        return self.request_async(Kind.PUSH, grad=grad, out=out, payload=payload).wait()
 
     def close(self) -> None:
         """Collective over the job: finishes this worker's exchange in flight, tells the other workers it

@@ -1,11 +1,9 @@
 """The worker's side of the servers' state, over the control messages (``TAG_STATE``): every shard's
-whole state for a checkpoint and its restoration, this worker's own counters, and telling the servers
-to go on without workers that stopped. A base of
+whole state for a checkpoint and its restoration, and telling the servers to go on without workers
+that stopped (this worker's own counters are :class:`~.worker_side.WorkerSide`'s). A base of
 :class:`~hvd_async.transport.window.client.WindowTransport`."""
 import os
 from typing import Any, Dict, List, Sequence
-
-import numpy as np
 
 from .layout import TAG_STATE, TAG_STATE_REPLY
 
@@ -75,14 +73,3 @@ class ServerState:
             for k in range(self.servers):
                 self.comm.send(("drop", self.dropped), dest=k, tag=TAG_STATE)
             self._state_replies()
-
-    def local_state(self) -> Dict[str, Any]:
-        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
-        return {"versions": self._versions.tolist(), "latest_versions": self.latest_versions.tolist(),
-                "hist_due": self._hist_due.tolist(), "hist_pushes": self._hist_pushes}
-
-    def load_local_state(self, state: Dict[str, Any]) -> None:
-        self._versions[:] = state["versions"]
-        self.latest_versions[:] = state["latest_versions"]
-        self._hist_due[:] = np.asarray(state["hist_due"], dtype=np.int64)
-        self._hist_pushes = int(state["hist_pushes"])
