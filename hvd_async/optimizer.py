@@ -153,6 +153,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         transport: the transport to use; by default the algorithm's own over this job's workers
             (Horovod collectives for ssgd, MPI windows on the servers for the parameter-server
             algorithms). Tests pass a loopback transport.
+        comms: what the algorithm's own transport is opened over (``make_transport``): by default this
+            worker's communicators (:func:`hvd_async.runtime.comms`, MPI and Horovod); the simulator
+            passes its stand-in, which opens simulated transports through the same factory.
         compression, backward_passes_per_step, op, gradient_predivide_factor, num_groups, groups,
             sparse_as_dense, process_set: Horovod's options, with Horovod's defaults and meaning
             (docs/guide.md, "Drop-in for a Horovod script"): where an algorithm gives one no
@@ -175,7 +178,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                 algorithm: str = "ssgd", *, transport=None, compression=None,
+                 algorithm: str = "ssgd", *, transport=None, comms=None, compression=None,
                  backward_passes_per_step: int = 1, op="average", gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None,
                  **options: Any):
@@ -198,16 +201,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         parsed = parse_options(strategy_cls.Options, algorithm, options)
         named = _exchanged(_named_parameters(optimizer, named_parameters))
         strategy_cls.check_optimizer(optimizer)
-        own_transport = transport is None
-        if own_transport:
+        if transport is not None and comms is not None:
+            raise TypeError("give transport (one built already) or comms (what the algorithm's own is opened "
+                            "over), not both")
+        own_transport, registered = transport is None, transport is None and comms is None
+        if registered:  # this job's runtime: its servers, and its exit hook closes what is left open
             comms = runtime.comms("DistributedOptimizer")
             _check_servers_serve(algorithm, options)
-            if hvd_options.process_set is None:  # (over a process set: only its members are here)
-                _check_same_model(named, comms.group.allgather)
+        if registered and hvd_options.process_set is None:  # (over a process set: only its members are here)
+            _check_same_model(named, comms.group.allgather)
+        if own_transport:
             transport = strategy_cls.make_transport(named, parsed, comms)
-            if hvd_options.process_set is not None:
-                _check_same_model(named, transport.allgather_object)
-        else:
+        if not registered or hvd_options.process_set is not None:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm
@@ -220,11 +225,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Not closed here: closing waits for the other workers, which built theirs and wait for
             # this one at the first step; the error goes up first (uncaught, it ends the job with its
             # traceback), and the exit hook closes the transport if the script goes on.
-            if own_transport:
+            if registered:
                 runtime._register_transport(transport)
             raise
-        self._own_transport = own_transport
-        if own_transport:  # one this optimizer built: closed at shutdown if the script never closes it
+        self._own_transport, self._registered = own_transport, registered
+        if registered:  # one this optimizer built: closed at shutdown if the script never closes it
             runtime._register_transport(transport)
         self.defaults = optimizer.defaults
 
@@ -391,4 +396,5 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.strategy.close()
         if self._own_transport:  # (one the caller passed in is the caller's to close)
             self.strategy.transport.close()
+        if self._registered:
             runtime._unregister_transport(self.strategy.transport)

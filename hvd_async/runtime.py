@@ -327,13 +327,34 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
 
 
 class Comms(NamedTuple):
-    """The communicators a worker's transports run over, handed to them (``make_transport``), so that a
-    transport asks nothing of the runtime."""
+    """The communicators a worker's transports run over, handed to the algorithm's factory
+    (``make_transport``), and the carrier that opens each kind of transport over them: the strategies
+    say which transport they need (``windows``, ``peers``, ``collectives``), the carrier builds it. Here
+    MPI and Horovod; the simulator passes a stand-in with the same three methods
+    (:class:`hvd_async.sim.job.SimComms`), so the job and the simulator share one factory."""
 
     group: Any     # the workers (what Horovod runs over)
     ctrl: Any      # the whole job: control messages (a window transport's opening, to the servers)
     win_comm: Any  # the whole job: the parent of each window transport's own communicator
     servers: int   # world ranks 0 .. servers - 1 are the parameter servers
+
+    def windows(self, spec):
+        """The worker side of the servers' windows that ``spec`` describes (collective over the job)."""
+        from .transport.window import WindowTransport
+
+        return WindowTransport.open(spec, self)
+
+    def peers(self, numel: int, name: str, progress_interval: float):
+        """Every worker's window of ``numel`` floats that the others read and add into (gossip)."""
+        from .transport.peer import PeerWindowTransport
+
+        return PeerWindowTransport(numel, comms=self, name=name, progress_interval=progress_interval)
+
+    def collectives(self, process_set=None):
+        """Horovod's collectives, over ``process_set``'s workers where one is given."""
+        from .transport.horovod import HorovodTransport
+
+        return HorovodTransport(process_set)
 
 
 def comms(what: str = "a transport") -> Comms:

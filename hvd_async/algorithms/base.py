@@ -89,11 +89,9 @@ class Strategy(abc.ABC):
 
     @classmethod
     def make_transport(cls, named_parameters, options, comms):
-        """The transport this algorithm uses when the caller gives none (Horovod collectives); ``comms``:
-        the worker's communicators (:class:`hvd_async.runtime.Comms`) for one that needs them."""
-        from ..transport.horovod import HorovodTransport
-
-        return HorovodTransport()
+        """The transport this algorithm uses when the caller gives none (Horovod collectives), opened by
+        ``comms`` (:class:`hvd_async.runtime.Comms`, or the simulator's stand-in)."""
+        return comms.collectives()
 
     @classmethod
     def server_program(cls, host):

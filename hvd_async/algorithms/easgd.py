@@ -134,7 +134,7 @@ class EASGD(Strategy):
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return W.WindowTransport.open(cls.window_spec(options, numel, comms.servers, comms.group.size), comms)
+        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
 
     @classmethod
     def server_program(cls, host):

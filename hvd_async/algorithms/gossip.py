@@ -235,12 +235,10 @@ class Gossip(Strategy):
 
     @classmethod
     def make_transport(cls, named_parameters, options, comms):
-        from ..transport.peer import PeerWindowTransport
-
         numel = sum(p.numel() for _, p in named_parameters)
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return PeerWindowTransport(numel, comms=comms, name=cls.name, progress_interval=options.progress_interval)
+        return comms.peers(numel, cls.name, options.progress_interval)
 
     def step(self, closure=None):
         loss = None

@@ -297,7 +297,7 @@ class ODSGD(Strategy):
         if options.exchange == "allreduce":
             return super().make_transport(named_parameters, options, comms)
         numel = sum(p.numel() for _, p in named_parameters)
-        return W.WindowTransport.open(cls.window_spec(options, numel, comms.servers, comms.group.size), comms)
+        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
 
     @classmethod
     def server_program(cls, host):

@@ -118,7 +118,7 @@ class PSStrategy(Strategy):
         if numel == 0:
             raise ValueError("the optimizer holds no parameter elements; nothing to train")
         cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
-        return W.WindowTransport.open(cls.window_spec(options, numel, comms.servers, comms.group.size), comms)
+        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:

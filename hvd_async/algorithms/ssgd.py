@@ -96,9 +96,7 @@ class SSGD(Strategy):
     @classmethod
     def make_transport(cls, named_parameters, options, comms):
         """Horovod's collectives, over ``options.process_set``'s workers where one is given."""
-        from ..transport.horovod import HorovodTransport
-
-        return HorovodTransport(options.process_set)
+        return comms.collectives(options.process_set)
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)

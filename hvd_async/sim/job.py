@@ -2,10 +2,12 @@
 
 Each worker builds what a real worker builds (``data.load_dataset``, ``models.build_model`` after
 ``torch.manual_seed(seed)``, a ``torch.optim.SGD`` wrapped in a real
-:class:`hvd_async.DistributedOptimizer` whose ``transport=`` is a simulated one, the same seeded
+:class:`hvd_async.DistributedOptimizer` whose transport the algorithm's own factory opens over
+:class:`SimComms`, the simulator's stand-in for the job's communicators, the same seeded
 samplers; dbs-asgd draws from :class:`~hvd_async.sampling.SharedCursorBatches` through the simulated
 cursor) and runs the same epochs: the parameter-server algorithms push until the global progress
-reaches ``epoch x`` batches-in-one-pass (at least one batch each), the others take one pass of their ``DistributedSampler``;
+reaches ``epoch x`` batches-in-one-pass (at least one batch each), the others take one pass of their
+``DistributedSampler``;
 then ``load_global_model()`` and an evaluation of the test split, each worker taking every N-th sample.
 
 Before each step the worker's clock moves on by its compute time (drawn from its
@@ -19,7 +21,6 @@ from typing import Dict, List, Optional
 import torch
 
 from .. import models, registry
-from ..algorithms.base import parse_options
 from ..config import ConfigError
 from ..jobspec import JobSpec
 from ..metrics import RunMetrics
@@ -46,15 +47,18 @@ class _SimMetrics(RunMetrics):
 
 
 class Cluster:
-    """What the workers share: the clock, the network, and the servers or peer windows."""
+    """What the workers share: the clock, the network, the servers or peer windows (opened by the first
+    worker whose algorithm asks for them, as the real servers open their windows when worker 0 asks),
+    and every worker's transport."""
 
-    def __init__(self, spec: JobSpec, sim: SimOptions, numel: int):
+    def __init__(self, spec: JobSpec, sim: SimOptions):
         self.spec, self.sim = spec, sim
         self.sched = Scheduler(sim.workers)
         self.net = SimNetwork(self.sched, sim.latency_ms / 1000.0)
         self.strategy_cls = registry.strategy_class(spec.algo)
         self.servers: Optional[SimServers] = None
         self.peers: Optional[PeerWindows] = None
+        self.transports: List = [None] * sim.workers
         self.replay = None
         if sim.replay:
             try:
@@ -62,16 +66,6 @@ class Cluster:
                 self._check_replay()
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"--replay {sim.replay}: {exc}") from None
-        servers, workers = spec.layout.servers, spec.layout.workers
-        if servers > 0:
-            cls = self.strategy_cls
-            options = parse_options(cls.Options, spec.algo, spec.algorithm)
-            cls.resolve_options(options, workers)  # before the servers open
-            window = cls.window_spec(options, numel, servers, workers)
-            # the simulator models one inbox slot per worker and fp32 on the wire (no pool, no fp16)
-            self.servers = SimServers(dataclasses.replace(window, slots=0, wire="fp32"), cls.server_program)
-        elif self.strategy_cls.peer_windows:
-            self.peers = PeerWindows(workers, numel)
 
     def _check_replay(self) -> None:
         trace, algo = self.replay, self.spec.algo
@@ -82,21 +76,15 @@ class Cluster:
             raise ValueError(f"the recorded run is {recorded}, not {algo}")
         trace.check_order()
 
-    def transport(self, rank: int):
-        if self.servers is not None:
-            tracer = None
-            if self.sim.trace_out:
-                tracer = Tracer(self.sim.trace_out, rank, self.spec.algo)
-            script = ReplayScript(rank, self.replay.events[rank]) if self.replay is not None else None
-            return SimWindowTransport(self.net, rank, self.servers, script=script, tracer=tracer)
-        if self.peers is not None:
-            return SimPeerTransport(self.net, rank, self.peers)
-        return SimCollectiveTransport(self.net, rank)
+    def opened(self, rank: int, transport):
+        self.transports[rank] = transport
+        return transport
 
-    def replayed(self, transports: List) -> Optional[Dict]:
+    def replayed(self) -> Optional[Dict]:
         """After a replay: how many pulls read exactly what the recorded ones read (None without one)."""
         if self.replay is None:
             return None
+        transports = self.transports
         for t in transports:
             if not t.script.done:
                 raise RuntimeError(f"replay diverged: worker {t.rank} stopped after {t.script.position} of its "
@@ -105,18 +93,47 @@ class Cluster:
                 "pulls_matched": sum(t.script.matched for t in transports)}
 
 
+class SimComms:
+    """Worker ``rank``'s stand-in for :class:`hvd_async.runtime.Comms`: what the algorithm's own factory
+    (``make_transport``) opens its transport with, here over the simulated network, the servers'
+    memory and the peers' windows. The simulator models one inbox slot per worker and fp32 on the
+    wire (no pool, no fp16) whatever the options ask for."""
+
+    def __init__(self, cluster: Cluster, rank: int):
+        self.cluster, self.rank = cluster, rank
+        self.group = SimComm(cluster.net, rank)  # (its size: the workers)
+        self.servers = cluster.spec.layout.servers
+
+    def windows(self, spec):
+        cluster, rank = self.cluster, self.rank
+        if cluster.servers is None:
+            cluster.servers = SimServers(dataclasses.replace(spec, slots=0, wire="fp32"),
+                                         cluster.strategy_cls.server_program)
+        tracer = Tracer(cluster.sim.trace_out, rank, spec.algorithm) if cluster.sim.trace_out else None
+        script = ReplayScript(rank, cluster.replay.events[rank]) if cluster.replay is not None else None
+        return cluster.opened(rank, SimWindowTransport(cluster.net, rank, cluster.servers, script=script,
+                                                       tracer=tracer))
+
+    def peers(self, numel: int, name: str, progress_interval: float):
+        cluster = self.cluster
+        if cluster.peers is None:
+            cluster.peers = PeerWindows(cluster.sim.workers, numel)
+        return cluster.opened(self.rank, SimPeerTransport(cluster.net, self.rank, cluster.peers))
+
+    def collectives(self, process_set=None):
+        return self.cluster.opened(self.rank, SimCollectiveTransport(self.cluster.net, self.rank))
+
+
 def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
     """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
     job = spec.job
-    numel = sum(p.numel() for p in models.build_model(job.model, splits.input_shape, splits.num_classes).parameters())
-    cluster = Cluster(spec, sim, numel)
+    cluster = Cluster(spec, sim)
     slow = sim.factors(spec.stragglers)
     delays = [DelayModel(sim.delay_dist, mean_ms=job.compute_ms, shape=sim.delay_shape, seed=job.seed,
                          worker=w, factor=slow[w]) for w in range(sim.workers)]
-    transports = [None] * sim.workers
 
     def body(w: int):
-        return _worker(spec, splits, cluster, _SimHost(cluster, delays[w], w, transports), transports)
+        return _worker(spec, splits, cluster, _SimHost(cluster, delays[w], w))
 
     return cluster.sched.run(body)[0]
 
@@ -129,9 +146,9 @@ class _SimHost(Host):
     server_time = False
     can_checkpoint = False
 
-    def __init__(self, cluster: Cluster, delay: DelayModel, rank: int, transports: List):
+    def __init__(self, cluster: Cluster, delay: DelayModel, rank: int):
         super().__init__("max")
-        self.cluster, self.delay, self.rank, self.transports = cluster, delay, rank, transports
+        self.cluster, self.delay, self.rank = cluster, delay, rank
         self.sched = cluster.sched
 
     def clock(self) -> float:
@@ -143,26 +160,25 @@ class _SimHost(Host):
         return compute
 
     def finish(self, loop: WorkerLoop) -> dict:
-        wall = loop.comm.allreduce(self.clock(), op="max")
-        self.transports[self.rank].close()  # the simulator built it: the optimizer leaves it open
+        wall = loop.comm.allreduce(self.clock(), op="max")  # (every worker's optimizer has closed its transport)
         if not loop.reporter:
             return {}
         return {"wall_seconds": round(wall, 6), "time_base": "simulated",
                 "simulator": dict(_simulator_info(loop.spec, self.cluster.sim), events=self.sched.events,
                                   exchanges=self.cluster.net.exchanges,
-                                  replay=self.cluster.replayed(self.transports))}  # every worker has closed
+                                  replay=self.cluster.replayed())}
 
 
-def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost, transports: List) -> Dict:
-    """One simulated worker: what a real worker builds (after ``torch.manual_seed(seed)``), with its
-    transport simulated, then the training job's loop on its clock."""
+def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost) -> Dict:
+    """One simulated worker: what a real worker builds (after ``torch.manual_seed(seed)``), its transport
+    opened by the algorithm's own factory over the simulated network, then the training job's loop on
+    its clock."""
     rank, job = host.rank, spec.job
     torch.manual_seed(job.seed)
     model = models.build_model(job.model, splits.input_shape, splits.num_classes)
-    transport = transports[rank] = cluster.transport(rank)
     sgd = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay)
     opt = DistributedOptimizer(sgd, named_parameters=model.named_parameters(), algorithm=spec.algo,
-                               transport=transport, **spec.algorithm)
+                               comms=SimComms(cluster, rank), **spec.algorithm)
     opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
     metrics = _SimMetrics(spec.info(), clock=host.clock, logdir=job.logdir, reporter=rank == 0)
     return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=SimComm(cluster.net, rank), host=host,

@@ -301,6 +301,29 @@ def test_the_simulators_transports_build_on_the_shared_bases_not_on_the_mpi_ones
     assert issubclass(windows.SimWindowTransport, WorkerSide) and issubclass(WindowTransport, WorkerSide)
 
 
+CARRIERS = {"WindowTransport", "PeerWindowTransport", "HorovodTransport"}
+
+
+def transports_built_by_hand(source: str) -> list:
+    """``line: name`` of each MPI or Horovod transport class an algorithm names in code (not in its
+    docstring): an algorithm asks ``comms`` for the kind of transport it needs, so that the simulator's
+    stand-in can open a simulated one through the same ``make_transport``."""
+    return [f"{node.lineno}: {name}" for node in ast.walk(ast.parse(source))
+            for name in [node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                         else node.name if isinstance(node, ast.alias) else None] if name in CARRIERS]
+
+
+def test_algorithms_open_their_transports_through_comms_and_the_simulator_through_the_factory():
+    found = {name: hits for name, (_, text) in MODULES.items() if name.startswith("hvd_async.algorithms")
+             for hits in [transports_built_by_hand(text)] if hits}
+    assert not found, f"algorithms building a transport class themselves: {found}; ask comms.windows/peers/collectives"
+    sim_job = ast.parse(MODULES["hvd_async.sim.job"][1])
+    calls = [node for node in ast.walk(sim_job) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "DistributedOptimizer"]
+    assert calls and all("comms" in {k.arg for k in call.keywords} and "transport" not in {k.arg for k in call.keywords}
+                         for call in calls), "the simulator must build its transports through make_transport (comms=)"
+
+
 # --- the checkers find what they look for ---------------------------------------------------------
 
 PLANTED = {
@@ -311,6 +334,8 @@ PLANTED = {
     "getattr-cls": ('def f(cls):\n    return getattr(cls, "mode", "accumulate")\n', contract_getattrs),
     "namespace": ('def run_job(args, splits):\n    return args.epochs\n', namespace_readers),
     "argparse": ('import argparse\n', namespace_readers),
+    "transport-by-hand": ('def make_transport(cls, named, options, comms):\n'
+                          '    return W.WindowTransport.open(s, comms)\n', transports_built_by_hand),
     "init-by-hand": ('class A(B):\n    def __init__(self):\n        Transport.__init__(self)\n', explicit_init_calls),
 }
 
