@@ -188,13 +188,17 @@ def load_plugins(argv: Sequence[str]) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True) -> argparse.Namespace:
-    """Parse flags over the defaults and the ``--config`` file (flags win), without validating."""
+def parse(argv: Optional[Sequence[str]] = None, *, launcher: bool = True, parser_for=None) -> argparse.Namespace:
+    """Parse flags over the defaults and the ``--config`` file (flags win), without validating.
+    ``parser_for(suppress_defaults)``: another front end's parser (the simulator's); by default the job's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     load_plugins(argv)
-    parser = build_parser(launcher=launcher)
+    if parser_for is None:
+        def parser_for(suppress_defaults: bool):
+            return build_parser(launcher=launcher, suppress_defaults=suppress_defaults)
+    parser = parser_for(False)
     args = parser.parse_args(argv)
-    given = vars(build_parser(launcher=launcher, suppress_defaults=True).parse_args(argv))
+    given = vars(parser_for(True).parse_args(argv))
     from_file = {}
     if args.config:
         from_file = _load_yaml(args.config, parser)

@@ -226,11 +226,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # this one at the first step; the error goes up first (uncaught, it ends the job with its
             # traceback), and the exit hook closes the transport if the script goes on.
             if registered:
-                runtime._register_transport(transport)
+                runtime.register_transport(transport)
             raise
         self._own_transport, self._registered = own_transport, registered
         if registered:  # one this optimizer built: closed at shutdown if the script never closes it
-            runtime._register_transport(transport)
+            runtime.register_transport(transport)
         self.defaults = optimizer.defaults
 
     # The wrapped optimizer's state is the state: schedulers and users see it through these.
@@ -397,4 +397,4 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._own_transport:  # (one the caller passed in is the caller's to close)
             self.strategy.transport.close()
         if self._registered:
-            runtime._unregister_transport(self.strategy.transport)
+            runtime.unregister_transport(self.strategy.transport)

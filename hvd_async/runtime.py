@@ -366,12 +366,12 @@ def comms(what: str = "a transport") -> Comms:
     return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers)
 
 
-def _register_transport(transport) -> None:
+def register_transport(transport) -> None:
     """Close ``transport`` at shutdown if it is still open then (the optimizer that built it registers it)."""
     _runtime().transports.append(transport)
 
 
-def _unregister_transport(transport) -> None:
+def unregister_transport(transport) -> None:
     if _rt is not None and transport in _rt.transports:
         _rt.transports.remove(transport)
 

@@ -102,19 +102,8 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
 
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Flags over the defaults and the ``--config`` file (flags win), as ``config.parse``."""
-    argv = list(argv or [])
-    config.load_plugins(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    given = vars(build_parser(suppress_defaults=True).parse_args(argv))
-    from_file = {}
-    if args.config:
-        from_file = config._load_yaml(args.config, parser)
-        merged = vars(args)
-        merged.update(from_file)
-        merged.update(given)
-        args = argparse.Namespace(**merged)
-    return config.apply_dataset_defaults(args, {*given, *from_file})
+    return config.parse(list(argv or []), parser_for=lambda suppress_defaults: build_parser(
+        suppress_defaults=suppress_defaults))
 
 
 def check(args: argparse.Namespace) -> Tuple[config.JobSpec, SimOptions]:

@@ -353,14 +353,7 @@ class SimWindowTransport(WorkerSide):
         simulated: ``busy_seconds`` is 0)."""
         self._check_idle()
         self.net.exchange(self._rank)
-        rows = []
-        for host in self.hosts:
-            meta = host.meta[:W.META_COUNTER]
-            rows.append({"version": host.version, "pushes": W._pushes(meta, self.spec.mode),
-                         "busy_seconds": int(meta[W.META_BUSY_US]) / 1e6,
-                         "staleness_hist": meta[W.META_HIST:W.META_SUMS].tolist(),
-                         "sums": meta[W.META_SUMS:W.META_COUNTER].view(np.float64).tolist()})
-        return rows
+        return [W.stats_row(host.meta[:W.META_COUNTER], self.spec.mode) for host in self.hosts]
 
     def close(self) -> None:
         if self._closed:

@@ -180,6 +180,24 @@ def test_no_import_of_another_algorithms_private_name():
                        f"into the family's public modules (algorithms/ps.py, payload.py, options)")
 
 
+def private_attributes_of_package_modules(source: str) -> list:
+    """``line: module.name`` of each private name read off a module of the package (``W._pushes``,
+    ``config._load_yaml``): a module uses another's public names only."""
+    tree, local = ast.parse(source), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:  # the package's own modules
+            local |= {alias.asname or alias.name for alias in node.names}
+    return [f"{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in local
+            and node.attr.startswith("_") and not node.attr.startswith("__")]
+
+
+def test_no_private_name_of_another_module_of_the_package():
+    found = {name: hits for name, (_, text) in MODULES.items()
+             for hits in [private_attributes_of_package_modules(text)] if hits}
+    assert not found, f"private names of another module read: {found}; make what is shared public"
+
+
 # --- import cycles --------------------------------------------------------------------------------
 
 def import_graph(modules) -> dict:
@@ -336,6 +354,8 @@ PLANTED = {
     "argparse": ('import argparse\n', namespace_readers),
     "transport-by-hand": ('def make_transport(cls, named, options, comms):\n'
                           '    return W.WindowTransport.open(s, comms)\n', transports_built_by_hand),
+    "private-attribute": ('from ..transport import window as W\nx = W._pushes\n',
+                          private_attributes_of_package_modules),
     "init-by-hand": ('class A(B):\n    def __init__(self):\n        Transport.__init__(self)\n', explicit_init_calls),
 }
 

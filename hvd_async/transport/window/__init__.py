@@ -77,4 +77,3 @@ from .client import WindowTransport  # noqa: F401
 from .worker_side import WorkerSide  # noqa: F401
 from .host import ServerProgram, ShardHost  # noqa: F401
 from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LEN, W.Kind, W.Request, ...)
-from .layout import _pushes  # noqa: F401  (the simulator's shard host counts as the real one does)

@@ -6,8 +6,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from .layout import (HIST_BINS, HIST_EVERY, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_TABLE,
-                     META_VERSION, _pushes)
+from .layout import HIST_BINS, HIST_EVERY, META_COUNTER, META_HIST, META_TABLE, META_VERSION, stats_row
 
 
 class MetaAccess:
@@ -97,8 +96,5 @@ class MetaAccess:
             self._win.meta.Get_accumulate(self._no_int64, [meta, self._MPI.INT64_T], k,
                                           target=(0, META_COUNTER, self._MPI.INT64_T), op=self._MPI.NO_OP)
             self._win.meta.Flush(k)
-            rows.append({"version": int(meta[META_VERSION]), "pushes": _pushes(meta, self.spec.mode),
-                         "busy_seconds": int(meta[META_BUSY_US]) / 1e6,
-                         "staleness_hist": meta[META_HIST:META_SUMS].tolist(),
-                         "sums": meta[META_SUMS:META_COUNTER].view(np.float64).tolist()})
+            rows.append(stats_row(meta, self.spec.mode))
         return rows

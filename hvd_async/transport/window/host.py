@@ -12,7 +12,7 @@ import torch
 
 from .layout import (HIST_BINS, H_LEN, Kind, META_BUSY_US, META_COUNTER, META_HIST, META_SUMS, META_PUSHES,
                      META_VERSION, META_WRITING, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_REQUEST, TAG_STATE,
-                     TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, _pushes,
+                     TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, pushes_in,
                      _Windows)
 from .slots import SlotPool
 from ... import checkpoint
@@ -313,7 +313,7 @@ class ShardHost:
         """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
-                           _pushes(self.meta, self.spec.mode), self.skipped_nonfinite,
+                           pushes_in(self.meta, self.spec.mode), self.skipped_nonfinite,
                            self.meta[META_HIST:META_SUMS].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()

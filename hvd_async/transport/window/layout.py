@@ -15,6 +15,7 @@ __all__ = [  # what hvd_async.transport.window re-exports
     "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
     "TAG_GRANT",
     "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds",
+    "pushes_in", "stats_row",
     "WindowSpec", "ShardStats", "Pending",
 ]
 
@@ -150,9 +151,17 @@ def staleness_summary(counts) -> Tuple[float, int]:
     return float((taus * counts).sum() / total), int(taus[counts > 0].max())
 
 
-def _pushes(meta: np.ndarray, mode: str) -> int:
+def pushes_in(meta: np.ndarray, mode: str) -> int:
     """Pushes a shard received: in accumulate mode each one is one update, counted by the version."""
     return int(meta[META_VERSION] if mode == "accumulate" else meta[META_PUSHES])
+
+
+def stats_row(meta: np.ndarray, mode: str) -> Dict[str, Any]:
+    """One shard's counters as ``read_stats`` gives them, from its meta window's first ``META_COUNTER``
+    words: version, pushes, server busy seconds, staleness histogram, the program's ``sums``."""
+    return {"version": int(meta[META_VERSION]), "pushes": pushes_in(meta, mode),
+            "busy_seconds": int(meta[META_BUSY_US]) / 1e6, "staleness_hist": meta[META_HIST:META_SUMS].tolist(),
+            "sums": meta[META_SUMS:META_COUNTER].view(np.float64).tolist()}
 
 
 def shard_bounds(numel: int, shards: int) -> List[Tuple[int, int]]:
