@@ -290,7 +290,8 @@ def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None
     _refuse_meaningless_flags(args)
     cls, given = registry.strategy_class(args.algo), spec.algorithm
     try:
-        cls.check_for_job(given, workers=spec.layout.workers, lr=spec.job.lr)  # first: its messages name the job's values
+        # first: its messages name the job's values
+        cls.check_for_job(given, workers=spec.layout.workers, lr=spec.job.lr)
         cls.Options(**given)
     except (ValueError, TypeError) as exc:
         message = options.flag_message(cls.Options, str(exc).splitlines()[0] if str(exc) else repr(exc))
