@@ -287,8 +287,8 @@ def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None
     """The checks of the algorithm's options that need the job's other values (its strategy's
     ``check_for_job``), then the options as its options dataclass checks them (the one place their
     ranges are written); the error under the flag's name."""
-    _refuse_meaningless_flags(args)
-    cls, given = registry.strategy_class(args.algo), spec.algorithm
+    cls, given = registry.strategy_class(spec.algo), spec.algorithm
+    _refuse_meaningless_flags(args, spec, cls)
     try:
         # first: its messages name the job's values
         cls.check_for_job(given, workers=spec.layout.workers, lr=spec.job.lr)
@@ -298,14 +298,14 @@ def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None
         raise ConfigError(message if message.startswith("--") else f"--algo {args.algo}: {message}") from None
 
 
-def _refuse_meaningless_flags(args: argparse.Namespace) -> None:
+def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> None:
     """Refuse, as the Python API does, a flag set (to other than its default) that the algorithm gives no
     meaning: another algorithm's option, which the job would drop without a word, or --deterministic
     where the exchange's order is not the allreduce's."""
-    own = {how.flag for _, how in options.declared(registry.strategy_class(args.algo).Options)}
+    own = {how.flag for _, how in options.declared(cls.Options)}
     users: Dict[str, List[str]] = {}
-    for name, cls in registry.strategies().items():
-        for _, how in options.declared(cls.Options):
+    for name, other in registry.strategies().items():
+        for _, how in options.declared(other.Options):
             if how.flag and how.flag not in own:
                 users.setdefault(how.flag, []).append(name)
     defaults = build_parser(launcher=False)
@@ -315,13 +315,13 @@ def _refuse_meaningless_flags(args: argparse.Namespace) -> None:
         if value is None or value == defaults.get_default(dest):
             continue
         shown = flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}"
-        raise ConfigError(f"{shown} has no meaning under {args.algo}; it works with: {', '.join(names)} "
+        raise ConfigError(f"{shown} has no meaning under {spec.algo}; it works with: {', '.join(names)} "
                           f"(leave it out here)")
-    servers = registry.uses_servers(args.algo, algorithm_options(args))
-    if args.deterministic and (servers or registry.strategy_class(args.algo).peer_windows):
-        repeatable = [name for name, cls in registry.strategies().items()
-                      if not (registry.uses_servers(name, {}) or cls.peer_windows)]
-        raise ConfigError(f"--deterministic has no meaning under {args.algo}: the order in which the workers' "
+    servers = registry.uses_servers(spec.algo, spec.algorithm)
+    if spec.job.deterministic and (servers or cls.peer_windows):
+        repeatable = [name for name, other in registry.strategies().items()
+                      if not (registry.uses_servers(name, {}) or other.peer_windows)]
+        raise ConfigError(f"--deterministic has no meaning under {spec.algo}: the order in which the workers' "
                           f"{'pushes reach the servers' if servers else 'models reach their peers'} changes "
                           f"from run to run, and no flag fixes it; it fixes the allreduce's order under: "
                           f"{', '.join(repeatable)}, od-sgd --od-exchange allreduce ('hvd-async simulate' "

@@ -18,14 +18,17 @@ import hvd_async as ha
 from hvd_async import registry
 from harness import check, main
 
-OPTIONS = {  # options that make every piece of state non-trivial
-    "asgd": {}, "dbs-asgd": {"batch_size": 8, "every": 2}, "dc-asgd": {"lam": 0.5, "adaptive": True},
+OWN_OPTIONS = {  # options that make every piece of state non-trivial, where the defaults do not
+    "dbs-asgd": {"batch_size": 8, "every": 2}, "dc-asgd": {"lam": 0.5, "adaptive": True},
     "lc-asgd": {"lam": 0.1, "predictor": "mlp", "min_history": 2,
                 "predictor_options": {"warmup_steps": 1, "context": 3, "window": 8}},
     "softsync": {"n": 1}, "od-sgd": {"local_momentum": 0.5}, "easgd": {"tau": 2}, "hpsgd": {"window": 2},
-    "gossip": {"variant": "push"}, "ssgd": {}, "backup-sgd": {"backups": 1},
+    "gossip": {"variant": "push"}, "backup-sgd": {"backups": 1},
 }
-SERVERLESS = ("ssgd", "hpsgd", "gossip")
+SERVERLESS = registry.serverless()
+# every algorithm of the registry, those on servers first (in a job with server ranks the first optimizer
+# must use them: hvd_async refuses to leave them idle)
+OPTIONS = {name: OWN_OPTIONS.get(name, {}) for name in sorted(registry.NAMES, key=lambda n: n in SERVERLESS)}
 
 
 def same(a, b, where="state"):
