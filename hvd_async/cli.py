@@ -27,7 +27,8 @@ def _algorithms(argv: List[str]) -> int:
 def _train(argv: List[str]) -> int:
     try:
         args = config.parse(argv, launcher=True)
-        spec, launch = config.validate(args), config.launch_options(args)
+        spec = config.validate(args)
+        launch = config.launch_options(args, spec)
     except config.ConfigError as exc:
         print(f"hvd-async train: error: {exc}", file=sys.stderr)
         return 2
@@ -35,10 +36,10 @@ def _train(argv: List[str]) -> int:
 
     job = spec.job
     if job.resume:  # refused here, before mpirun starts every rank, rather than by the job
-        from .jobstate import job_meta, load_newest
+        from .jobstate import load_newest
 
         try:
-            load_newest(job.checkpoint_dir, job_meta(spec), mmap=True)
+            load_newest(job.checkpoint_dir, spec.meta(), mmap=True)
         except checkpoint.CheckpointError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2

@@ -221,17 +221,12 @@ def options_from(options_cls, args: argparse.Namespace):
 
 def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobSpec:
     """Check every value of the parsed flags and build the job they describe (the launcher's own
-    options, where parsed, are checked by :func:`launch_options`)."""
+    options are :func:`launch_options`'s)."""
     try:
         row = registry.get(args.algo)
     except ValueError as exc:
         raise ConfigError(f"--algo: {exc}") from None
     job = options_from(JobOptions, args)
-    if hasattr(args, "max_restarts"):
-        launch = launch_options(args)
-        if launch.max_restarts and not job.checkpoint_dir:
-            raise ConfigError(f"--max-restarts {launch.max_restarts} needs --checkpoint-dir (the folder the "
-                              f"checkpoints are in)")
     if args.np is not None and args.np < 1:
         raise ConfigError(f"--np must be >= 1, got {args.np}")
     if world_size is not None and args.np is not None and args.np != world_size:
@@ -256,16 +251,21 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobS
                    layout=Layout(servers=servers, workers=None if total is None else total - servers))
     _validate_algorithm_options(args, spec)
     workers = spec.layout.workers
-    for worker in spec.stragglers:
+    for worker in job.stragglers:
         if workers is not None and not 0 <= worker < workers:
             raise ConfigError(f"--straggler {worker}=...: there is no worker {worker}; the job has "
                               f"{workers} worker(s), numbered 0..{workers - 1} (servers are not counted)")
     return spec
 
 
-def launch_options(args: argparse.Namespace) -> LaunchOptions:
-    """The launcher's own options (``hvd-async train``'s parser only), checked."""
-    return options_from(LaunchOptions, args)
+def launch_options(args: argparse.Namespace, spec: JobSpec) -> LaunchOptions:
+    """The launcher's own options (``hvd-async train``'s parser only), checked, also against the job
+    ``spec`` that :func:`validate` built from the same flags."""
+    launch = options_from(LaunchOptions, args)
+    if launch.max_restarts and not spec.job.checkpoint_dir:
+        raise ConfigError(f"--max-restarts {launch.max_restarts} needs --checkpoint-dir (the folder the "
+                          f"checkpoints are in)")
+    return launch
 
 
 def given_flags(args: argparse.Namespace) -> str:

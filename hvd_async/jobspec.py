@@ -192,15 +192,15 @@ class JobSpec:
     job: JobOptions
     layout: Layout
 
-    @property
-    def stragglers(self) -> Dict[int, float]:
-        return self.job.stragglers
-
-    def meta(self) -> Dict[str, Any]:
-        """What a checkpoint's ``meta`` names of the job: a resume with other values is refused."""
+    def meta(self, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
+        """What a checkpoint's ``meta`` names of the job: a resume with other values is refused.
+        ``parameters`` (name -> shape) only where the model is built."""
         job = self.job
-        return {"algorithm": self.algo, "workers": self.layout.workers, "servers": self.layout.servers,
+        meta = {"algorithm": self.algo, "workers": self.layout.workers, "servers": self.layout.servers,
                 "dataset": job.dataset, "model": job.model, "batch_size": job.batch_size, "seed": job.seed}
+        if parameters is not None:
+            meta["parameters"] = parameters
+        return meta
 
     def info(self) -> Dict[str, Any]:
         """The job's values at the head of its metrics record."""
@@ -209,4 +209,4 @@ class JobSpec:
                 "servers": self.layout.servers, "dataset": job.dataset, "evaluated_on": job.eval_on,
                 "model": job.model, "epochs": job.epochs, "batch_size": job.batch_size, "lr": job.lr,
                 "seed": job.seed, "compute_ms": job.compute_ms,
-                "stragglers": {str(k): v for k, v in self.stragglers.items()}}
+                "stragglers": {str(k): v for k, v in job.stragglers.items()}}

@@ -28,7 +28,7 @@ import torch
 from . import checkpoint
 from .checkpoint import CheckpointError
 
-__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "job_meta", "load_newest", "parse_every",
+__all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "load_newest", "parse_every",
            "read_whole", "rendezvous"]
 
 TAG_ARRIVED = 7201
@@ -177,15 +177,6 @@ class WorkerBatches:
                 return None
             self.last_epoch = epoch
         return self.batches.next(epoch)
-
-
-def job_meta(spec, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
-    """What a checkpoint's ``meta`` names of the job (``spec``: its :class:`~hvd_async.jobspec.JobSpec`):
-    a resume with other values is refused. ``parameters`` (name -> shape) only where the model is built."""
-    meta = spec.meta()
-    if parameters is not None:
-        meta["parameters"] = parameters
-    return meta
 
 
 def load_newest(directory: str, expect: Dict[str, Any], *, mmap: bool = False) -> Tuple[str, Dict[str, Any]]:

@@ -205,14 +205,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError("give transport (one built already) or comms (what the algorithm's own is opened "
                             "over), not both")
         own_transport, registered = transport is None, transport is None and comms is None
+        # every worker's model is checked once: over this job's workers before anything opens, or (a
+        # transport given, the simulator's comms, a process set: only its members are here) over the transport
+        model_checked_first = registered and hvd_options.process_set is None
         if registered:  # this job's runtime: its servers, and its exit hook closes what is left open
             comms = runtime.comms("DistributedOptimizer")
             _check_servers_serve(algorithm, options)
-        if registered and hvd_options.process_set is None:  # (over a process set: only its members are here)
+        if model_checked_first:
             _check_same_model(named, comms.group.allgather)
         if own_transport:
             transport = strategy_cls.make_transport(named, parsed, comms)
-        if not registered or hvd_options.process_set is not None:
+        if not model_checked_first:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm

@@ -110,34 +110,37 @@ def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, s
         helps = list(dict.fromkeys(u[3].help for u in users))
         text = f"{names}: {' / '.join(helps)}"
         d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
-        if how.action in ("store_true", "store_false"):
-            group.add_argument(flag, action="store_true", default=d(False), help=text)
+        if how.action in ("store_true", "store_false"):  # the flag's presence (from_args gives its value)
+            _add_argument(group, dataclasses.replace(how, action="store_true"), None, default=d(False), help=text)
             continue
         defaults = {u[0]: u[2].default for u in users}
         default = next(iter(defaults.values())) if len(set(map(repr, defaults.values()))) == 1 else None
         if default is None and len(defaults) > 1 and len(set(map(repr, defaults.values()))) > 1:
             text += " (default: " + ", ".join(f"{n} {v}" for n, v in defaults.items()) + ")"
-        if how.action == "boolean":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=d(default), help=text)
-            continue
-        group.add_argument(flag, type=_parsed_type(options_cls, field, how), choices=how.choices,
-                           default=d(default), metavar=how.metavar, help=text)
+        _add_argument(group, how, _parsed_type(options_cls, field, how), default=d(default), help=text)
 
 
 def add_options(group, options_cls, *, suppress_defaults: bool) -> None:
-    """Add the flags of one options dataclass (e.g. the job's own) to ``group``, in declaration order."""
+    """Add the flags of one options dataclass (e.g. the job's own) to ``group``, in declaration order,
+    each parsed into its field's name."""
     for field, how in declared(options_cls):
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-        default = argparse.SUPPRESS if suppress_defaults else default
-        if how.action in ("store_true", "store_false"):
-            group.add_argument(how.flag, action=how.action, default=default, help=how.help)
-        elif how.action == "append":
-            group.add_argument(how.flag, action="append", default=default, metavar=how.metavar, help=how.help)
-        elif how.action == "boolean":
-            group.add_argument(how.flag, action=argparse.BooleanOptionalAction, default=default, help=how.help)
-        else:
-            group.add_argument(how.flag, type=_parsed_type(options_cls, field, how), choices=how.choices,
-                               default=default, metavar=how.metavar, help=how.help)
+        _add_argument(group, how, _parsed_type(options_cls, field, how),
+                      default=argparse.SUPPRESS if suppress_defaults else default, help=how.help, dest=field.name)
+
+
+def _add_argument(group, how: Flag, kind, *, default, help: str, **more) -> None:
+    """``how.flag`` on the parser: a switch (``store_true``/``store_false``), a repeatable flag
+    (``append``), ``--x``/``--no-x`` (``boolean``), or one value of type ``kind``."""
+    if how.action in ("store_true", "store_false"):
+        group.add_argument(how.flag, action=how.action, default=default, help=help, **more)
+    elif how.action == "append":
+        group.add_argument(how.flag, action="append", default=default, metavar=how.metavar, help=help, **more)
+    elif how.action == "boolean":
+        group.add_argument(how.flag, action=argparse.BooleanOptionalAction, default=default, help=help, **more)
+    else:
+        group.add_argument(how.flag, type=kind, choices=how.choices, default=default, metavar=how.metavar,
+                           help=help, **more)
 
 
 def from_args(options_cls, args: argparse.Namespace) -> Dict[str, Any]:

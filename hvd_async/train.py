@@ -112,7 +112,7 @@ def _build(spec) -> WorkerLoop:
 
     import hvd_async as ha
     from . import data, models
-    from .jobstate import JobCheckpoints, job_meta
+    from .jobstate import JobCheckpoints
     from .metrics import RunMetrics
 
     rank, job = ha.rank(), spec.job
@@ -131,8 +131,8 @@ def _build(spec) -> WorkerLoop:
     metrics = RunMetrics(spec.info(), logdir=job.logdir, reporter=rank == 0)
     saver = None
     if job.checkpoint_dir:
-        saver = JobCheckpoints(job.checkpoint_dir, keep=job.keep_checkpoints, comm=comm, meta=job_meta(
-            spec, {name: list(p.shape) for name, p in model.named_parameters()}))
+        saver = JobCheckpoints(job.checkpoint_dir, keep=job.keep_checkpoints, comm=comm, meta=spec.meta(
+            {name: list(p.shape) for name, p in model.named_parameters()}))
     return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=comm, host=host, metrics=metrics,
                       servers=spec.layout.servers > 0, device=device, saver=saver,
                       progress=progress_mode(job.progress, rank == 0))

@@ -128,7 +128,7 @@ def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
     """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
     job = spec.job
     cluster = Cluster(spec, sim)
-    slow = sim.factors(spec.stragglers)
+    slow = sim.factors(job.stragglers)
     delays = [DelayModel(sim.delay_dist, mean_ms=job.compute_ms, shape=sim.delay_shape, seed=job.seed,
                          worker=w, factor=slow[w]) for w in range(sim.workers)]
 
@@ -186,7 +186,7 @@ def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost) -> Dict:
 
 
 def _simulator_info(spec: JobSpec, sim: SimOptions) -> Dict:
-    factors = sim.factors(spec.stragglers)
+    factors = sim.factors(spec.job.stragglers)
     return {"delay_dist": sim.delay_dist, "compute_ms": spec.job.compute_ms, "delay_shape": sim.delay_shape,
             "latency_ms": sim.latency_ms, "stragglers": {str(w): f for w, f in enumerate(factors) if f != 1.0},
             "slow_workers": sim.slow_workers, "slow_factor": sim.slow_factor, "seed": spec.job.seed}
