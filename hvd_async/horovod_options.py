@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Iterable
 
-from .checks import is_finite_number
+from .checks import is_finite_number, user_stacklevel
 
 # Options that only tune speed (how Horovod fuses allreduces): ignored with a warning elsewhere.
 SPEED_ONLY = ("num_groups", "groups")
@@ -102,7 +102,7 @@ def check_supported(algorithm: str, supported: Iterable[str], options: HorovodOp
         works = ", ".join(sorted(where.get(name, ()))) or "none"
         if name in SPEED_ONLY:
             warnings.warn(f"{name}={value!r} has no effect under {algorithm}: it groups allreduces, which "
-                          f"only these algorithms make: {works}", stacklevel=4)
+                          f"only these algorithms make: {works}", stacklevel=user_stacklevel())
             continue
         raise ValueError(f"{name}={value!r} has no meaning under {algorithm}; it works with: {works} "
                          f"(leave it at Horovod's default here)")

@@ -74,6 +74,19 @@ def test_bad_options_say_what_is_accepted(kwargs, error, match):
         _setup(**kwargs)
 
 
+def test_a_speed_only_option_without_effect_warns_at_the_callers_line():
+    """num_groups under an algorithm that makes no grouped allreduce: a warning (it changes speed, not
+    results) naming the algorithms where it works, shown at the line that built the optimizer."""
+    with pytest.warns(UserWarning, match="num_groups=2 has no effect under hpsgd: .* only these algorithms make: "
+                                         "ssgd") as caught:
+        model = nn.Linear(4, 2)
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                             algorithm="hpsgd", transport=LoopbackGroup(1).transport(0), num_groups=2)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, caught[0].lineno)] and \
+        "DistributedOptimizer(" in open(__file__).read().splitlines()[caught[0].lineno - 1], \
+        "the warning names the line that built the optimizer"
+
+
 def test_rejects_non_optimizer_and_unnamed_parameters():
     model = nn.Linear(2, 2)
     with pytest.raises(TypeError, match="must be a torch.optim.Optimizer"):
