@@ -337,6 +337,19 @@ class Comms(NamedTuple):
     ctrl: Any      # the whole job: control messages (a window transport's opening, to the servers)
     win_comm: Any  # the whole job: the parent of each window transport's own communicator
     servers: int   # world ranks 0 .. servers - 1 are the parameter servers
+    mpi: Any       # what the transports call as ``MPI``: mpi4py's (the simulator's: in memory)
+
+    @staticmethod
+    def clock() -> float:
+        """Seconds, for the transports' speeds and waits (the simulator's: the worker's virtual clock)."""
+        return time.perf_counter()
+
+    @staticmethod
+    def tracer(rank: int, algorithm: str, mode: str):
+        """The record of a window transport's pushes and pulls, when ``HVD_ASYNC_WINDOW_TRACE`` asks for one."""
+        from .transport.trace import Tracer
+
+        return Tracer.from_env(rank, algorithm, mode)
 
     def windows(self, spec):
         """The worker side of the servers' windows that ``spec`` describes (collective over the job)."""
@@ -363,7 +376,9 @@ def comms(what: str = "a transport") -> Comms:
     if rt.finished:
         raise RuntimeError(f"{what} cannot start: hvd_async.shutdown() has run on this worker (its "
                            f"communicators are freed); build transports and optimizers before it")
-    return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers)
+    from mpi4py import MPI
+
+    return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers, MPI)
 
 
 def register_transport(transport) -> None:

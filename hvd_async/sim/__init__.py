@@ -3,9 +3,10 @@
 ``hvd-async simulate --algo asgd --workers 64 --delay-dist pareto ...`` or, in-process,
 ``hvd_async.sim.simulate(["--algo", "asgd", "--workers", "64"])`` returns the metrics record of
 ``hvd-async train`` with simulated times (``"time_base": "simulated"``). The strategies, rules and
-server programs are the real ones; only the transports are simulated (:mod:`.windows`,
-:mod:`.collective`), on a virtual clock (:mod:`.clock`) with per-worker compute times
-(:mod:`.delays`). The same seed gives the same record, byte for byte.
+server programs are the real ones, and so are the transports: they run over the simulator's MPI
+(:mod:`.mpi`: memory instead of windows and messages) and Horovod (:mod:`.horovod`), with the
+parameter servers' real hosts on memory (:mod:`.windows`), on a virtual clock (:mod:`.clock`) with
+per-worker compute times (:mod:`.delays`). The same seed gives the same record, byte for byte.
 """
 
 

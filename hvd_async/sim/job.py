@@ -15,7 +15,6 @@ Before each step the worker's clock moves on by its compute time (drawn from its
 forward and backward then run for real, and ``opt.step()`` takes whatever simulated time its
 exchanges take (latency, waiting for others). Evaluation and metric reductions take none.
 """
-import dataclasses
 from typing import Dict, List, Optional
 
 import torch
@@ -25,14 +24,19 @@ from ..config import ConfigError
 from ..jobspec import JobSpec
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
+from ..transport import window as W
+from ..transport.horovod import HorovodTransport
+from ..transport.peer import PeerWindowTransport
 from ..transport.trace import Trace, Tracer
+from ..transport.window import WindowTransport
 from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
-from .collective import PeerWindows, SimCollectiveTransport, SimPeerTransport
 from .delays import DelayModel
+from .horovod import SimHorovod
+from .mpi import SimComm as SimMPIComm, SimMPI, SimWorld
 from .network import SimComm, SimNetwork
 from .options import SimOptions
-from .windows import ReplayScript, SimServers, SimWindowTransport
+from .windows import ReplayScript, ReplayTracer, SimServers
 
 
 class _SimMetrics(RunMetrics):
@@ -47,18 +51,19 @@ class _SimMetrics(RunMetrics):
 
 
 class Cluster:
-    """What the workers share: the clock, the network, the servers or peer windows (opened by the first
-    worker whose algorithm asks for them, as the real servers open their windows when worker 0 asks),
-    and every worker's transport."""
+    """What the workers share: the clock, the network, the simulated ranks (:class:`~.mpi.SimWorld`:
+    the parameter servers, which open the shards of a window transport when worker 0 sends them its
+    spec, as the real servers do) and, under replay, every worker's recorded exchanges."""
 
     def __init__(self, spec: JobSpec, sim: SimOptions):
         self.spec, self.sim = spec, sim
         self.sched = Scheduler(sim.workers)
         self.net = SimNetwork(self.sched, sim.latency_ms / 1000.0)
+        self.world = SimWorld(self.net, spec.layout.servers)
+        self.world.handlers[("ctrl",)] = self._control
         self.strategy_cls = registry.strategy_class(spec.algo)
-        self.servers: Optional[SimServers] = None
-        self.peers: Optional[PeerWindows] = None
-        self.transports: List = [None] * sim.workers
+        self.servers: List[SimServers] = []
+        self.scripts: Optional[List[ReplayScript]] = None
         self.replay = None
         if sim.replay:
             try:
@@ -66,6 +71,19 @@ class Cluster:
                 self._check_replay()
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"--replay {sim.replay}: {exc}") from None
+            self.scripts = [ReplayScript(w, self.replay.events[w]) for w in range(sim.workers)]
+
+    def _control(self, source: int, server: int, tag: int) -> None:
+        """A message on the job's control communicator to a server: worker 0 opening a window transport
+        (``TAG_OPEN``, its spec to each server in turn; the shards open at the first)."""
+        members = list(range(self.world.servers + self.sim.workers))
+        spec = SimMPIComm(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
+        if tag != W.TAG_OPEN:
+            raise RuntimeError(f"simulated server {server}: unexpected control message (tag {tag})")
+        if server == 0:  # the n-th transport: the n-th duplicate of the window communicator
+            context = ("win", len(self.servers) + 1)
+            self.servers.append(SimServers(self.world, context, spec, self.strategy_cls.server_program,
+                                           self.scripts))
 
     def _check_replay(self) -> None:
         trace, algo = self.replay, self.spec.algo
@@ -76,52 +94,54 @@ class Cluster:
             raise ValueError(f"the recorded run is {recorded}, not {algo}")
         trace.check_order()
 
-    def opened(self, rank: int, transport):
-        self.transports[rank] = transport
-        return transport
-
     def replayed(self) -> Optional[Dict]:
         """After a replay: how many pulls read exactly what the recorded ones read (None without one)."""
         if self.replay is None:
             return None
-        transports = self.transports
-        for t in transports:
-            if not t.script.done:
-                raise RuntimeError(f"replay diverged: worker {t.rank} stopped after {t.script.position} of its "
-                                   f"{len(t.script.events)} recorded exchanges")
-        return {"trace": self.sim.replay, "pulls": sum(t.script.matched + t.script.unmatched for t in transports),
-                "pulls_matched": sum(t.script.matched for t in transports)}
+        scripts = self.scripts
+        for s in scripts:
+            if not s.done:
+                raise RuntimeError(f"replay diverged: worker {s.rank} stopped after {s.position} of its "
+                                   f"{len(s.events)} recorded exchanges")
+        return {"trace": self.sim.replay, "pulls": sum(s.matched + s.unmatched for s in scripts),
+                "pulls_matched": sum(s.matched for s in scripts)}
 
 
 class SimComms:
-    """Worker ``rank``'s stand-in for :class:`hvd_async.runtime.Comms`: what the algorithm's own factory
-    (``make_transport``) opens its transport with, here over the simulated network, the servers'
-    memory and the peers' windows. The simulator models one inbox slot per worker and fp32 on the
-    wire (no pool, no fp16) whatever the options ask for."""
+    """Worker ``rank``'s stand-in for :class:`hvd_async.runtime.Comms`: the same communicators (the
+    workers, the job's control and window communicators) and the ``MPI`` they belong to, here the
+    simulator's (:mod:`.mpi`: memory and the virtual clock), over which the algorithm's own factory
+    (``make_transport``) opens the real window, peer and Horovod transports; Horovod is the
+    simulator's too (:mod:`.horovod`)."""
 
     def __init__(self, cluster: Cluster, rank: int):
         self.cluster, self.rank = cluster, rank
-        self.group = SimComm(cluster.net, rank)  # (its size: the workers)
-        self.servers = cluster.spec.layout.servers
+        world = cluster.world
+        me, everyone = world.servers + rank, list(range(world.servers + cluster.sim.workers))
+        self.mpi = SimMPI(world)
+        self.group = SimMPIComm(world, ("group",), everyone[world.servers:], me)
+        self.ctrl = SimMPIComm(world, ("ctrl",), everyone, me)
+        self.win_comm = SimMPIComm(world, ("win",), everyone, me)
+        self.servers = world.servers
+
+    def clock(self) -> float:
+        return self.cluster.sched.now(self.rank)
+
+    def tracer(self, rank: int, algorithm: str, mode: str):
+        cluster = self.cluster
+        tracer = Tracer(cluster.sim.trace_out, rank, algorithm) if cluster.sim.trace_out else None
+        if cluster.scripts is None:
+            return tracer
+        return ReplayTracer(cluster.scripts[rank], cluster.servers[-1], rank, tracer)
 
     def windows(self, spec):
-        cluster, rank = self.cluster, self.rank
-        if cluster.servers is None:
-            cluster.servers = SimServers(dataclasses.replace(spec, slots=0, wire="fp32"),
-                                         cluster.strategy_cls.server_program)
-        tracer = Tracer(cluster.sim.trace_out, rank, spec.algorithm) if cluster.sim.trace_out else None
-        script = ReplayScript(rank, cluster.replay.events[rank]) if cluster.replay is not None else None
-        return cluster.opened(rank, SimWindowTransport(cluster.net, rank, cluster.servers, script=script,
-                                                       tracer=tracer))
+        return WindowTransport.open(spec, self)
 
     def peers(self, numel: int, name: str, progress_interval: float):
-        cluster = self.cluster
-        if cluster.peers is None:
-            cluster.peers = PeerWindows(cluster.sim.workers, numel)
-        return cluster.opened(self.rank, SimPeerTransport(cluster.net, self.rank, cluster.peers))
+        return PeerWindowTransport(numel, comms=self, name=name, progress_interval=progress_interval)
 
     def collectives(self, process_set=None):
-        return self.cluster.opened(self.rank, SimCollectiveTransport(self.cluster.net, self.rank))
+        return HorovodTransport(process_set, horovod=SimHorovod(self.cluster.net, self.rank), clock=self.clock)
 
 
 def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:

@@ -18,7 +18,7 @@ class SimNetwork:
 
     Args:
         sched: the virtual clock.
-        latency: simulated seconds per exchange (a transport call that crosses the network).
+        latency: simulated seconds per round trip (:mod:`.mpi` says which calls wait for one).
     """
 
     def __init__(self, sched: Scheduler, latency: float = 0.0):
@@ -28,11 +28,6 @@ class SimNetwork:
         self._latest: Dict[Tuple, float] = {}  # latest contribution's time per open collective
         self._results: Dict[Tuple, Tuple[Any, float]] = {}
         self._fetched: Dict[Tuple, int] = {}
-
-    def exchange(self, worker: int) -> None:
-        """One exchange's latency on ``worker``'s clock (its effect happens after it)."""
-        self.exchanges += 1
-        self.sched.advance(worker, self.latency)
 
     def contribute(self, worker: int, key: Tuple, value: Any, combine: Callable[[List[Any]], Any],
                    *, cost: bool = True) -> None:

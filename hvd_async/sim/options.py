@@ -39,8 +39,9 @@ class SimOptions:
         None, f"the distribution's shape: uniform half-width as a fraction of the mean (default "
         f"{DEFAULT_SHAPE['uniform']}), lognormal sigma ({DEFAULT_SHAPE['lognormal']}), pareto alpha > 1 "
         f"({DEFAULT_SHAPE['pareto']}); constant and exponential take none", flag="--delay-shape", metavar="X")
-    latency_ms: float = option(0.0, "simulated time per exchange (a push, a pull, a request and its answer, a "
-                               "collective, a peer's get or accumulate)", flag="--latency-ms", metavar="MS")
+    latency_ms: float = option(0.0, "simulated time per round trip the transport waits for (a flush of its "
+                               "one-sided reads and writes, a request and its answer, a collective)",
+                               flag="--latency-ms", metavar="MS")
     slow_workers: int = option(0, "slow the first K workers down by --slow-factor", flag="--slow-workers",
                                metavar="K")
     slow_factor: float = option(4.0, "compute-time factor of the --slow-workers (>= 1; multiplies "

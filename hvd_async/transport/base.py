@@ -7,6 +7,16 @@ from typing import Any, List
 import torch
 
 
+def mpi_module(mpi=None):
+    """``mpi``, what a transport was given to call as ``MPI`` (the simulator's in-memory one:
+    :class:`hvd_async.sim.mpi.SimMPI`), or else mpi4py's."""
+    if mpi is not None:
+        return mpi
+    from mpi4py import MPI
+
+    return MPI
+
+
 class ReduceOp(enum.Enum):
     AVERAGE = "average"
     SUM = "sum"
@@ -54,10 +64,13 @@ class Transport(abc.ABC):
     def close(self) -> None:
         self._closed = True
 
+    # what clock() reads: a transport opened over the simulator's communicators takes their virtual clock
+    _clock = staticmethod(time.perf_counter)
+
     def clock(self) -> float:
-        """Seconds, for measuring speeds and waits: ``time.perf_counter()`` (a simulated transport
-        gives its worker's virtual clock)."""
-        return time.perf_counter()
+        """Seconds, for measuring speeds and waits: ``time.perf_counter()``, or in the simulator the
+        worker's virtual clock."""
+        return self._clock()
 
     def __enter__(self):
         return self

@@ -9,12 +9,18 @@ from .base import CollectiveTransport, ReduceOp
 
 class HorovodTransport(CollectiveTransport):
     """Horovod's allreduce/broadcast/allgather among the workers (``hvd_async.init`` set it up), or
-    among the workers of a Horovod ``process_set`` (its members only build and use it)."""
+    among the workers of a Horovod ``process_set`` (its members only build and use it).
 
-    def __init__(self, process_set=None):
+    ``horovod``: what to call as ``horovod.torch`` (None: it; the simulator's runs on its network,
+    :class:`hvd_async.sim.horovod.SimHorovod`), with ``clock`` for the strategies' speeds and waits."""
+
+    def __init__(self, process_set=None, *, horovod=None, clock=None):
         super().__init__()
-        import horovod.torch as hvd
-
+        if horovod is None:
+            import horovod.torch as horovod
+        hvd = horovod
+        if clock is not None:
+            self._clock = clock
         if not hvd.is_initialized():
             raise RuntimeError("Horovod is not initialised on this process: call hvd_async.init() "
                                "first (server ranks have no Horovod and cannot hold this transport)")

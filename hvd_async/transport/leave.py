@@ -26,6 +26,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from .base import mpi_module
+
 TAG_LEFT = 7301  # a worker has closed this transport; payload: how many collectives it had entered
 
 # Polling a request: spin (yielding the core) this long, then sleep between tests; the same wait
@@ -44,12 +46,11 @@ class LeaveWatch:
     Args:
         comm: the workers' communicator (duplicated here; freed by :meth:`free`).
         what: the transport's name, for messages.
+        mpi: what ``comm`` belongs to (the transport's ``MPI``; None: mpi4py's).
     """
 
-    def __init__(self, comm, what: str):
-        from mpi4py import MPI
-
-        self._MPI = MPI
+    def __init__(self, comm, what: str, mpi=None):
+        self._MPI = mpi_module(mpi)
         self.comm = comm.Dup()
         self.what = what
         self.rank, self.size = self.comm.rank, self.comm.size

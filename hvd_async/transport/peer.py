@@ -73,19 +73,18 @@ class PeerWindowTransport(Transport):
 
     def __init__(self, numel: int, *, comms, name: str, progress_interval: float = 0.001):
         super().__init__()
-        from mpi4py import MPI
-
         if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
             raise ValueError(f"numel must be a positive integer, got {numel!r}")
         if not (is_finite_number(progress_interval) and 0 < progress_interval <= 1):
             raise ValueError(f"progress_interval must be in (0, 1] seconds, got {progress_interval!r}")
+        MPI = comms.mpi
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             raise RuntimeError("PeerWindowTransport runs an MPI progress thread and needs MPI_THREAD_MULTIPLE; "
                                "MPI was initialised with a lower thread level (leave mpi4py.rc.thread_level "
                                "at its default 'multiple')")
-        self._MPI = MPI
+        self._MPI, self._clock = MPI, comms.clock
         self.name, self.numel, self.progress_interval = name, int(numel), float(progress_interval)
-        self.atomic_reads = atomic_read_targets(comms.group)  # peers read with Get_accumulate(NO_OP)
+        self.atomic_reads = atomic_read_targets(comms.group, MPI)  # peers read with Get_accumulate(NO_OP)
         self.comm = comms.group.Dup()
         self._rank, self._size = self.comm.rank, self.comm.size
         try:
@@ -107,7 +106,7 @@ class PeerWindowTransport(Transport):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._progress_loop, name=f"{name}-mpi-progress", daemon=True)
         self._thread.start()
-        self._watch = LeaveWatch(self.comm, f"{name} transport")  # no collective waits for a leaver
+        self._watch = LeaveWatch(self.comm, f"{name} transport", MPI)  # no collective waits for a leaver
         self._watch.barrier(self.comm, "the start")  # every window exists and is zeroed before anyone touches a peer's
 
     # --- who we are ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ inside functions count: a lazy import is still a dependency).
 Each rule's checker is also run on a planted violation, so that a checker that finds nothing because
 it looks at nothing fails here."""
 import ast
+import importlib
 import glob
 import os
 
@@ -299,24 +300,47 @@ def test_no_constructor_is_called_by_hand():
     assert not found, f"constructors called by hand (skipping the bases' own): {found}; call super().__init__"
 
 
-def test_the_simulators_transports_build_on_the_shared_bases_not_on_the_mpi_ones():
-    """The simulated transports share the worker side's bookkeeping with the real ones through a
-    constructor they call (WorkerSide for the servers' windows), never by subclassing a transport that
-    opens MPI resources and skipping its constructor."""
+def test_the_simulator_defines_no_transport_of_its_own():
+    """The simulator's stand-ins are below the transports (MPI, Horovod, the servers' memory), never a
+    transport class: one that subclassed a real transport and skipped its constructor, or that
+    imitated one, would let the simulator run other code than the job."""
     import inspect
+    import pkgutil
 
-    from hvd_async.sim import collective, windows
+    import hvd_async.sim
     from hvd_async.transport.base import Transport
+
+    found = []
+    for info in pkgutil.iter_modules(hvd_async.sim.__path__):
+        module = importlib.import_module(f"hvd_async.sim.{info.name}")
+        found += [f"{module.__name__}.{name}" for name, cls in inspect.getmembers(module, inspect.isclass)
+                  if issubclass(cls, Transport) and cls.__module__ == module.__name__]
+    assert not found, f"transport classes in the simulator: {found}; give the real one a simulated carrier"
+
+
+@pytest.mark.parametrize("algo, extra", [("asgd", []), ("dc-asgd", []), ("softsync", []), ("gossip", []),
+                                         ("ssgd", []), ("od-sgd", ["--od-exchange", "allreduce"])])
+def test_the_simulator_opens_the_real_transports_through_the_algorithms_factory(monkeypatch, algo, extra):
+    from hvd_async import registry
+    from hvd_async.sim import simulate
     from hvd_async.transport.horovod import HorovodTransport
     from hvd_async.transport.peer import PeerWindowTransport
-    from hvd_async.transport.window import WindowTransport, WorkerSide
+    from hvd_async.transport.window import WindowTransport
 
-    simulated = [cls for module in (collective, windows) for _, cls in inspect.getmembers(module, inspect.isclass)
-                 if issubclass(cls, Transport) and cls.__module__ == module.__name__]
-    assert len(simulated) == 3, simulated
-    real = (WindowTransport, PeerWindowTransport, HorovodTransport)
-    assert not [cls for cls in simulated if issubclass(cls, real)], "a simulated transport subclasses a real MPI one"
-    assert issubclass(windows.SimWindowTransport, WorkerSide) and issubclass(WindowTransport, WorkerSide)
+    opened, made = [], []
+    cls = registry.strategy_class(algo)
+    factory = cls.make_transport.__func__
+
+    def make_transport(klass, named, options, comms):
+        made.append(type(comms).__name__)
+        transport = factory(klass, named, options, comms)
+        opened.append(type(transport))
+        return transport
+
+    monkeypatch.setattr(cls, "make_transport", classmethod(make_transport))
+    simulate(["--algo", algo, "--workers", "2", "--epochs", "1", "--dataset", "digits", *extra])
+    assert made == ["SimComms"] * 2
+    assert set(opened) <= {WindowTransport, PeerWindowTransport, HorovodTransport} and len(opened) == 2, opened
 
 
 CARRIERS = {"WindowTransport", "PeerWindowTransport", "HorovodTransport"}

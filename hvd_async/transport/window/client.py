@@ -23,7 +23,8 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
 
     Args:
         numel: elements of the flat fp32 parameter buffer.
-        comms: the worker's communicators (:func:`hvd_async.runtime.comms`).
+        comms: the worker's communicators and the ``MPI`` they belong to (:func:`hvd_async.runtime.comms`;
+            the simulator's are in memory, :class:`hvd_async.sim.job.SimComms`).
         algorithm: registry name (the servers pick their rule by it).
         mode: ``"accumulate"`` or ``"mailbox"`` (see the module docstring).
         options: the server rule's options (plain values, pickled to the servers).
@@ -37,8 +38,6 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
 
     def __init__(self, numel: int, *, comms, algorithm: str, mode: str, options: Optional[Dict] = None,
                  wire: str = "fp32", slots: int = 0, outbox: bool = True):
-        from mpi4py import MPI
-
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
@@ -53,7 +52,8 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
                                f"launch at least one extra process for each server")
         super().__init__(WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
                                     dict(options or {}), wire, int(slots), bool(outbox)), comms.group.rank)
-        self._MPI = MPI
+        self._MPI = MPI = comms.mpi
+        self._clock = comms.clock
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
         self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
@@ -62,13 +62,13 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
             for server in range(comms.servers):
                 comms.ctrl.send(self.spec, dest=server, tag=TAG_OPEN)
         self.comm = comms.win_comm.Dup()
-        self._win = _Windows(self.comm, self.spec, None)
+        self._win = _Windows(self.comm, self.spec, None, MPI)
         # shards whose weights other workers add into while this one reads them: there, across nodes,
         # the read is accumulate-family (atomic per element; see layout.atomic_read_targets)
         self.atomic_reads = self._win.atomic if mode == "accumulate" else frozenset()
         self._no_float = [np.empty(0, dtype=np.float32), MPI.FLOAT]
         self._win.lock_all()
-        self._watch = LeaveWatch(comms.group, f"{algorithm} transport")  # no collective waits for a leaver
+        self._watch = LeaveWatch(comms.group, f"{algorithm} transport", MPI)  # no collective waits for a leaver
         self._one = np.ones(1, dtype=np.int64)
         self._fetched = np.zeros(comms.servers, dtype=np.int64)
         self._answers = np.zeros((comms.servers, R_LEN), dtype=np.float64)
@@ -85,9 +85,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
         self._claim = SlotClaim(self.comm, self.spec) if self.spec.pooled else None
-        from ..trace import Tracer  # opt-in record of pushes and pulls (HVD_ASYNC_WINDOW_TRACE)
-
-        self._trace = Tracer.from_env(self._rank, algorithm, mode)
+        self._trace = comms.tracer(self._rank, algorithm, mode)  # opt-in record of pushes and pulls
 
     # --- the workers' collectives -------------------------------------------------------------
     def allgather_object(self, obj) -> List[Any]:

@@ -88,6 +88,9 @@ class ShardHost:
     ``on_request(worker, request)``; ``poll()`` is called by the server loop.
     """
 
+    # what the server's busy time (META_BUSY_US) is measured with (the simulator's servers take no time)
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, comm, spec: WindowSpec, shard: int, make_program, *, windows=None):
         """``windows``: the memory the shard lives in; None opens its MPI windows over ``comm``
         (collective with the workers' side). The simulator passes plain memory with the same methods."""
@@ -180,51 +183,7 @@ class ShardHost:
         for handled in range(budget):
             if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
                 break
-            source, tag = status.Get_source(), status.Get_tag()
-            worker = source - self.spec.servers
-            if tag == TAG_CLOSE:
-                self.comm.recv(source=source, tag=TAG_CLOSE)
-                self.closed.add(worker)
-                if self.pool is not None:
-                    self.pool.forget(worker)
-                if worker not in self.dropped:
-                    self.program.on_leave(worker)
-                    self.program.on_close(worker)
-            elif tag == TAG_STATE:
-                what, state = self.comm.recv(source=source, tag=TAG_STATE)
-                self.sync()
-                try:
-                    if what == "drop":
-                        reply = self._drop(state)
-                    elif what == "get":
-                        reply = self._state_message()
-                    elif what == "save":
-                        reply = self._save(state)
-                    else:
-                        reply = self._load_checked(checkpoint.load(state, kind=SHARD_KIND, mmap=True)
-                                                   if what == "load" else state)
-                except Exception as exc:  # tell the worker; the server goes on serving
-                    reply = ("error", f"server {self.shard}: {exc}")
-                self.sync()
-                self.comm.send(reply, dest=source, tag=TAG_STATE_REPLY)
-            elif tag == TAG_REQUEST:
-                self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
-                self._last_heard[worker] = time.monotonic()
-                self._set_aside.discard(worker)
-                start = time.perf_counter()
-                self.sync()
-                request = Request.decode(self._header, self.shard, worker)
-                if request.kind is Kind.CLAIM:  # the pool's own requests: the program never sees them
-                    self.pool.claim(worker)
-                elif request.kind is Kind.RELEASE:
-                    self.pool.release(request.slot)
-                else:
-                    self.program.on_request(worker, request)
-                    if self.pool is not None and request.kind is Kind.PUSH:  # the gradient is taken
-                        self.pool.release(request.slot)
-                self.meta[META_BUSY_US] += int(1e6 * (time.perf_counter() - start))
-            else:
-                raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
+            self.handle(status.Get_source(), status.Get_tag())
         else:
             handled = budget
         if self.worker_timeout is not None:
@@ -232,6 +191,54 @@ class ShardHost:
             if waiting:
                 self._watch(waiting)
         return handled
+
+    def handle(self, source: int, tag: int) -> None:
+        """Receive and serve the message from rank ``source`` with ``tag`` (one ``poll`` found, or the
+        simulator delivered)."""
+        worker = source - self.spec.servers
+        if tag == TAG_CLOSE:
+            self.comm.recv(source=source, tag=TAG_CLOSE)
+            self.closed.add(worker)
+            if self.pool is not None:
+                self.pool.forget(worker)
+            if worker not in self.dropped:
+                self.program.on_leave(worker)
+                self.program.on_close(worker)
+        elif tag == TAG_STATE:
+            what, state = self.comm.recv(source=source, tag=TAG_STATE)
+            self.sync()
+            try:
+                if what == "drop":
+                    reply = self._drop(state)
+                elif what == "get":
+                    reply = self._state_message()
+                elif what == "save":
+                    reply = self._save(state)
+                else:
+                    reply = self._load_checked(checkpoint.load(state, kind=SHARD_KIND, mmap=True)
+                                               if what == "load" else state)
+            except Exception as exc:  # tell the worker; the server goes on serving
+                reply = ("error", f"server {self.shard}: {exc}")
+            self.sync()
+            self.comm.send(reply, dest=source, tag=TAG_STATE_REPLY)
+        elif tag == TAG_REQUEST:
+            self.comm.Recv(self._header, source=source, tag=TAG_REQUEST)
+            self._last_heard[worker] = time.monotonic()
+            self._set_aside.discard(worker)
+            start = self.clock()
+            self.sync()
+            request = Request.decode(self._header, self.shard, worker)
+            if request.kind is Kind.CLAIM:  # the pool's own requests: the program never sees them
+                self.pool.claim(worker)
+            elif request.kind is Kind.RELEASE:
+                self.pool.release(request.slot)
+            else:
+                self.program.on_request(worker, request)
+                if self.pool is not None and request.kind is Kind.PUSH:  # the gradient is taken
+                    self.pool.release(request.slot)
+            self.meta[META_BUSY_US] += int(1e6 * (self.clock() - start))
+        else:
+            raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
 
     def _watch(self, waiting) -> None:
         """Gradients wait for the aggregate (softsync, od-sgd): stop waiting for a worker that has sent

@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..base import mpi_module
+
 __all__ = [  # what hvd_async.transport.window re-exports
     "HIST_BINS", "META_VERSION", "META_PUSHES", "META_BUSY_US", "META_HIST", "SUMS", "META_SUMS",
     "META_COUNTER", "META_WRITING", "META_TABLE", "HIST_EVERY", "H_KIND", "H_SLOT", "H_PAYLOAD", "PAYLOAD_LEN",
@@ -232,9 +234,7 @@ class ShardStats:
         return staleness_summary(self.staleness_hist)[0]
 
 
-def _allocate(comm, count: int, dtype) -> Any:
-    from mpi4py import MPI
-
+def _allocate(comm, count: int, dtype, MPI) -> Any:
     itemsize = np.dtype(dtype).itemsize
     try:
         return MPI.Win.Allocate(count * itemsize, itemsize, comm=comm)
@@ -246,7 +246,7 @@ ATOMIC_READS_ENV = "HVD_ASYNC_ATOMIC_READS"
 ATOMIC_READS = ("auto", "always", "never")
 
 
-def atomic_read_targets(comm) -> frozenset:
+def atomic_read_targets(comm, mpi=None) -> frozenset:
     """The ranks of ``comm`` whose windows this process reads with ``Get_accumulate(NO_OP)`` instead of
     a plain ``Get`` where other ranks may be accumulating into the same elements meanwhile.
 
@@ -256,9 +256,8 @@ def atomic_read_targets(comm) -> frozenset:
     (``osc/ucx`` over TCP does a float ``SUM`` as lock, get, add, put at the target), so a plain read
     served meanwhile could see an element half written. ``HVD_ASYNC_ATOMIC_READS``: ``auto`` (the
     default) reads the ranks on other nodes atomically, ``always`` every rank, ``never`` none.
-    Collective over ``comm``."""
-    from mpi4py import MPI
-
+    Collective over ``comm``; ``mpi``: as :func:`mpi_module`."""
+    MPI = mpi_module(mpi)
     how = os.environ.get(ATOMIC_READS_ENV, "auto").strip().lower() or "auto"
     if how not in ATOMIC_READS:
         raise ValueError(f"{ATOMIC_READS_ENV}={how!r} is not one of {', '.join(ATOMIC_READS)}: unset it, or "
@@ -284,15 +283,16 @@ class _Windows:
     :class:`~hvd_async.transport.window.host.ShardHost` reads and writes their memory through
     :meth:`arrays`; the simulator hands the host plain memory with the same methods instead."""
 
-    def __init__(self, comm, spec: WindowSpec, shard: Optional[int]):
+    def __init__(self, comm, spec: WindowSpec, shard: Optional[int], mpi=None):
+        MPI = mpi_module(mpi)
         self.spec, self.shard = spec, shard
         n = spec.shard_len(shard) if shard is not None else 0
         mailbox = spec.mode == "mailbox"
-        self.atomic = atomic_read_targets(comm)  # the ranks whose weights a worker reads atomically
-        self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64)
-        self.weights = _allocate(comm, n, np.float32)
-        self.inbox = _allocate(comm, n * spec.inbox_slots if mailbox else 0, spec.wire_dtype)
-        self.outbox = _allocate(comm, n * spec.workers if mailbox and spec.outbox else 0, spec.wire_dtype)
+        self.atomic = atomic_read_targets(comm, MPI)  # the ranks whose weights a worker reads atomically
+        self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64, MPI)
+        self.weights = _allocate(comm, n, np.float32, MPI)
+        self.inbox = _allocate(comm, n * spec.inbox_slots if mailbox else 0, spec.wire_dtype, MPI)
+        self.outbox = _allocate(comm, n * spec.workers if mailbox and spec.outbox else 0, spec.wire_dtype, MPI)
 
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]

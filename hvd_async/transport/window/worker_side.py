@@ -1,8 +1,6 @@
-"""What every worker's side of the parameter servers holds, whatever carries its exchanges: the MPI
-windows (:class:`~hvd_async.transport.window.client.WindowTransport`) or the simulator's memory and
-virtual clock (:class:`hvd_async.sim.windows.SimWindowTransport`). Both build it through its
-constructor, so the bookkeeping a strategy, a checkpoint and the staleness counts rely on is the same
-object on both."""
+"""What every worker's side of the parameter servers holds besides its windows: the spec, the shards'
+bounds, the versions read and seen, the staleness counts not yet on the servers, the exchange in
+flight. A base of :class:`~hvd_async.transport.window.client.WindowTransport`."""
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -16,7 +14,7 @@ class WorkerSide(Transport):
     """The worker side of ``spec``'s servers for worker ``rank``: the shards' bounds, the versions this
     worker last read and has seen, the staleness counts not yet on the servers, the exchange in flight.
 
-    A carrier provides the exchanges: ``publish_``, ``pull``, ``pull_async``, ``accumulate``,
+    The transport provides the exchanges: ``publish_``, ``pull``, ``pull_async``, ``accumulate``,
     ``accumulate_async``, ``accumulate_and_pull``, ``request_async``, the servers' state
     (``server_state``, ``load_server_state``), the shared counter and table (``fetch_add_counter``,
     ``publish_value``, ``read_values``), ``read_stats``, ``allgather_object``, ``barrier`` and ``close``.
