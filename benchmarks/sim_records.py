@@ -3,33 +3,19 @@ of the library run for run (a change to the simulator or to a transport it runs)
 
 Runs ``hvd-async simulate`` in-process for every algorithm the simulator runs, with the given flags,
 and writes one JSON of the records. The library is whichever ``hvd_async`` Python imports (put an
-older checkout first on ``PYTHONPATH`` to record it): the record names its folder and commit beside
-this script's own provenance.
+older checkout first on ``PYTHONPATH`` to record it): the record names it and its commit
+(``simjobs.library_info``) beside this script's own provenance.
 
     python benchmarks/sim_records.py --latency-ms 0 --out runs/sim-new.json
     PYTHONPATH=/tmp/old python benchmarks/sim_records.py --latency-ms 0 --out runs/sim-old.json
 """
 import argparse
-import os
-import subprocess
 import sys
 
 from common import write_record
+from simjobs import library_info
 
 ALGORITHMS = ("asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "easgd", "gossip", "ssgd")
-
-
-def library() -> dict:
-    """Which hvd_async this process imports: its folder, and that checkout's commit and cleanliness."""
-    import hvd_async
-
-    folder = os.path.dirname(os.path.dirname(os.path.abspath(hvd_async.__file__)))
-
-    def git(*args):
-        return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True).stdout.strip()
-
-    changed = git("status", "--porcelain", "--", ".", ":!benchmarks/results")  # (records written here do not count)
-    return {"folder": folder, "commit": git("rev-parse", "HEAD"), "tree_clean": not changed}
 
 
 def main(argv=None) -> int:
@@ -48,7 +34,7 @@ def main(argv=None) -> int:
         print(f"{algo} ...", flush=True)
         records[algo] = simulate(["--algo", algo, "--workers", args.workers, "--epochs", args.epochs,
                                   "--delay-dist", args.delay_dist, "--latency-ms", args.latency_ms])
-    write_record({"library": library(), "settings": vars(args), "records": records}, args.out,
+    write_record({"library": library_info(), "settings": vars(args), "records": records}, args.out,
                  command=" ".join([sys.executable, *sys.argv]))
     print(f"written {args.out}")
     return 0
