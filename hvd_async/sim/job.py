@@ -118,7 +118,7 @@ class SimComms:
         self.cluster, self.rank = cluster, rank
         world = cluster.world
         me, everyone = world.servers + rank, list(range(world.servers + cluster.sim.workers))
-        self.mpi = SimMPI(world)
+        self.mpi = SimMPI
         self.group = SimMPIComm(world, ("group",), everyone[world.servers:], me)
         self.ctrl = SimMPIComm(world, ("ctrl",), everyone, me)
         self.win_comm = SimMPIComm(world, ("win",), everyone, me)

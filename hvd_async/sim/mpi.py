@@ -139,7 +139,7 @@ class SimWin:
 
     @classmethod
     def Allocate(cls, size: int, disp_unit: int = 1, info=None, comm=None) -> "SimWin":  # noqa: N802
-        return comm.allocate(int(size), int(disp_unit))
+        return comm.world.allocate(comm, int(size), int(disp_unit))
 
     def tomemory(self) -> memoryview:
         return memoryview(self.memory[self.comm.rank])
@@ -148,7 +148,11 @@ class SimWin:
         return WIN_UNIFIED
 
     def _view(self, rank: int, target, like: np.ndarray) -> np.ndarray:
-        disp, count, datatype = (target, like.size, _TYPES[like.dtype]) if not isinstance(target, tuple) else target
+        """Rank ``rank``'s memory at ``target``: ``(disp, count, datatype)``, or a displacement (None: 0)
+        at which ``like``'s elements lie."""
+        if not isinstance(target, tuple):
+            target = (target or 0, like.size, _TYPES[like.dtype])
+        disp, count, datatype = target
         start = disp * self.disp_unit
         raw = self.memory[rank][start:start + count * datatype.dtype.itemsize]
         if raw.size != count * datatype.dtype.itemsize:
@@ -168,22 +172,21 @@ class SimWin:
 
     def Get(self, origin, rank: int, target=None) -> None:  # noqa: N802
         out = _origin(origin)
-        self._issue("Get", rank, lambda: np.copyto(out, self._view(rank, target if target is not None else 0, out)))
+        self._issue("Get", rank, lambda: np.copyto(out, self._view(rank, target, out)))
 
     def Put(self, origin, rank: int, target=None) -> None:  # noqa: N802
         data = _origin(origin)
-        self._issue("Put", rank, lambda: np.copyto(self._view(rank, target if target is not None else 0, data), data))
+        self._issue("Put", rank, lambda: np.copyto(self._view(rank, target, data), data))
 
     def Accumulate(self, origin, rank: int, target=None, op=SUM) -> None:  # noqa: N802
         data = _origin(origin)
-        self._issue("Accumulate", rank, lambda: _apply(op, self._view(rank, target if target is not None else 0,
-                                                                       data), data))
+        self._issue("Accumulate", rank, lambda: _apply(op, self._view(rank, target, data), data))
 
     def Get_accumulate(self, origin, result, rank: int, target=None, op=SUM) -> None:  # noqa: N802
         data, out = _origin(origin), _origin(result)
 
         def effect():
-            view = self._view(rank, target if target is not None else 0, out)
+            view = self._view(rank, target, out)
             np.copyto(out, view)
             _apply(op, view, data)
 
@@ -265,10 +268,6 @@ class SimComm:
     def Free(self) -> None:  # noqa: N802
         pass
 
-    def allocate(self, size: int, disp_unit: int) -> SimWin:
-        """``Win.Allocate`` over this communicator (collective)."""
-        return self.world.allocate(self, size, disp_unit)
-
     # --- messages ---------------------------------------------------------------------------
     def send(self, obj, dest: int, tag: int) -> None:
         self.world.post(self, self.members[dest], tag, obj)
@@ -337,7 +336,8 @@ COMM_TYPE_SHARED = 1
 class SimWorld:
     """The simulated job's ranks: ``servers`` parameter-server ranks (world ranks 0 ..), then the workers;
     their messages (per communicator context and rank), their one-sided links, and what serves the
-    servers' side (``handlers``: communicator context -> ``handle(comm, source, tag)``)."""
+    servers' side (``handlers``: communicator context -> ``handle(source, server, tag)``; ``windows``:
+    communicator context -> the n-th window's handle)."""
 
     def __init__(self, net: SimNetwork, servers: int):
         self.net, self.servers = net, servers
@@ -413,7 +413,7 @@ class SimWorld:
 
 class SimMPI:
     """What a simulated worker's transports get as ``MPI`` (``comms.mpi``): this module's types,
-    operations and constants, ``Win``, ``Request``, ``Status``, and the virtual clock as ``Wtime``."""
+    operations and constants, ``Win``, ``Request`` and ``Status`` (their clock is ``comms.clock``)."""
 
     Win, Request, Status, Exception = SimWin, SimRequest, Status, RuntimeError
     FLOAT, DOUBLE, INT64_T, UINT16_T = FLOAT, DOUBLE, INT64_T, UINT16_T
@@ -421,12 +421,6 @@ class SimMPI:
     ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED = ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED
     LOCK_SHARED, LOCK_EXCLUSIVE, WIN_MODEL, WIN_UNIFIED, THREAD_MULTIPLE = (
         LOCK_SHARED, LOCK_EXCLUSIVE, WIN_MODEL, WIN_UNIFIED, THREAD_MULTIPLE)
-
-    def __init__(self, world: SimWorld):
-        self.world = world
-
-    def Wtime(self) -> float:  # noqa: N802
-        return self.world.now()
 
     @staticmethod
     def Query_thread() -> int:  # noqa: N802

@@ -135,7 +135,6 @@ class SimServers:
         members = list(range(spec.servers + spec.workers))
         self.hosts = [SimShardHost(spec, k, make_program, SimComm(world, context, members, k))
                       for k in range(spec.servers)]
-        self.stats: Optional[List[W.ShardStats]] = None
         self._digest = (-1, "")
         world.handlers[context] = self.handle
         world.windows[context] = self.window
@@ -147,8 +146,9 @@ class SimServers:
                 self.turn(source - self.spec.servers)
         host = self.hosts[shard]
         host.handle(source, tag)
-        if tag == W.TAG_CLOSE and all(h.all_closed for h in self.hosts):
-            self.stats = [h.close() for h in self.hosts]
+        if tag == W.TAG_CLOSE and all(h.all_closed for h in self.hosts):  # the last worker closed
+            for h in self.hosts:
+                h.close()
 
     def window(self, comm: SimComm, n: int, disp_unit: int) -> SimWin:
         """Worker ``comm.rank``'s handle on the ``n``-th window (``meta``, ``weights``, ``inbox``,

@@ -17,8 +17,9 @@ class HorovodTransport(CollectiveTransport):
     def __init__(self, process_set=None, *, horovod=None, clock=None):
         super().__init__()
         if horovod is None:
-            import horovod.torch as horovod
-        hvd = horovod
+            import horovod.torch as hvd
+        else:
+            hvd = horovod
         if clock is not None:
             self._clock = clock
         if not hvd.is_initialized():

@@ -23,7 +23,7 @@ def comm_of(world_: SimWorld, worker: int) -> SimComm:
 
 def test_one_sided_operations_land_at_completion_one_latency_after_the_first_was_issued():
     sched, w = world()
-    MPI = SimMPI(w)
+    MPI = SimMPI
     seen = {}
 
     def body(rank):
@@ -73,7 +73,7 @@ def test_a_message_arrives_one_latency_after_it_was_sent_and_a_receiver_waits_fo
 
 def test_a_reduction_sums_in_worker_order_and_reaches_the_root_one_latency_after_the_last_arrival():
     sched, w = world(3)
-    MPI = SimMPI(w)
+    MPI = SimMPI
     out = {}
 
     def body(rank):
