@@ -49,7 +49,8 @@ if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
   export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
   [[ -n ${HOROVOD_GPU_OPERATIONS:-} ]] || export HOROVOD_CPU_OPERATIONS=${HOROVOD_CPU_OPERATIONS:-MPI}
   if [[ -n $cuda ]]; then export HVD_CUDA_ROOT=$cuda CUDA_HOME=$cuda HOROVOD_CUDA_HOME=$cuda; fi
-  export MAKEFLAGS="-j$(nproc)"
+  MAKEFLAGS="-j$(nproc)"
+  export MAKEFLAGS
   "$py" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$wheels.tmp" "horovod==$version"
   rm -rf "$wheels"; mv "$wheels.tmp" "$wheels"
 fi

@@ -75,7 +75,7 @@ say() { echo "[device_check $(date +%H:%M:%S)] $*"; }
 has_part() { [[ ",$parts," == *",$1,"* ]]; }
 status=0
 fail() { say "FAILED: $*"; status=1; echo "$*" >>"$results/failures.txt"; }
-cd "$root"
+cd "$root" || exit 2
 
 # --- results: refreshed after every step, so a run cut off at its time limit still returns them ---
 publish() {
@@ -156,7 +156,7 @@ setup_mpi() {
     local lib=$prefix/root/usr/lib/x86_64-linux-gnu
     for f in "$prefix"/root/usr/bin/*.openmpi; do ln -sf "$f" "$prefix/bin/$(basename "$f" .openmpi)"; done
     # Debian's alternatives, which dpkg -x does not make
-    local psm; psm=$(ls "$prefix"/root/usr/lib/libpsm1/libpsm_infinipath.so.1.* 2>/dev/null | head -1)
+    local psm; psm=$(compgen -G "$prefix/root/usr/lib/libpsm1/libpsm_infinipath.so.1.*" | head -1)
     [[ -n $psm ]] && ln -sf "$psm" "$lib/libpsm_infinipath.so.1"
     # a library the machine already has comes from the machine (not Open MPI's own ones)
     local cache dropped=()
@@ -213,7 +213,7 @@ setup_mpi4py() {
   local got; got=$(timeout 120 mpirun -np 1 "$py" -c "$probe" 2>&1 | tr -d '\0' | tail -1)
   if [[ $got == *"Open MPI"* ]]; then say "mpi4py loads $got"; return 0; fi
   say "the machine's mpi4py does not load this Open MPI ($got): building it from $carry/src"
-  local sdist; sdist=$(ls "$carry"/src/mpi4py-*.tar.gz 2>/dev/null | head -1)
+  local sdist; sdist=$(compgen -G "$carry/src/mpi4py-*.tar.gz" | head -1)
   [[ -n $sdist ]] || { fail "no mpi4py source archive in $carry/src"; return 1; }
   ((dry)) && { say "(dry run) would build $sdist into $site"; return 0; }
   rm -rf "$site"
@@ -236,7 +236,7 @@ carried_wheels() {  # .device/wheels (cffi, pycparser: Horovod's setup_requires)
     touch "$site/.ok"
   fi
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-  say "carried wheels on PYTHONPATH: $(cd "$carry/wheels" && ls *.whl | tr '\n' ' ')"
+  say "carried wheels on PYTHONPATH: $(cd "$carry/wheels" && compgen -G "*.whl" | tr '\n' ' ')"
 }
 stamp() { "$py" -c 'import sys, torch; print(f"py{sys.version_info[0]}.{sys.version_info[1]} torch{torch.__version__}")'; }
 nccl_home() {  # torch's own NCCL (the nvidia-nccl package), with the libnccl.so link CMake looks for
@@ -244,7 +244,7 @@ nccl_home() {  # torch's own NCCL (the nvidia-nccl package), with the libnccl.so
   [[ -n $dir && -f $dir/include/nccl.h ]] || return 1
   mkdir -p "$work/nccl/lib"
   ln -sfn "$dir/include" "$work/nccl/include"
-  local so; so=$(ls "$dir"/lib/libnccl.so* | head -1)
+  local so; so=$(compgen -G "$dir/lib/libnccl.so*" | head -1)
   ln -sf "$so" "$work/nccl/lib/libnccl.so"; ln -sf "$so" "$work/nccl/lib/libnccl.so.2"
   echo "$work/nccl"
 }
@@ -257,7 +257,8 @@ distutils_shim() {  # Horovod's torch CMake asks distutils for Python's include 
   echo "$work/shim"
 }
 build_variant() {  # build_variant nccl|staged -> Horovod in $work/hvd-VARIANT
-  local v=$1 target=$work/hvd-$v
+  local v=$1
+  local target=$work/hvd-$v
   local pre=$carry/prebuilt/prebuilt-hvd-$v.tar.gz
   if [[ -f $pre && ! -d $target ]]; then
     tar xzf "$pre" -C "$work" && if [[ $(cat "$target/.stamp" 2>/dev/null) == "$(stamp)" ]]; then
@@ -359,7 +360,7 @@ way_env() {  # the environment of the two-rank way of build $1
 if has_part tests; then
   for v in "${built[@]}"; do
     say "GPU tests with horovod ($v), two ranks: ${ways[$v]:-?}"
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086  # way_env and DEVICE_PYTEST_ARGS are split into words on purpose
     env PYTHONPATH="$work/hvd-$v:$root:${PYTHONPATH:-}" HVD_ASYNC_GPU_HOROVOD="$v" HVD_ASYNC_GPU_RESULTS="$results/gpu_tests_$v" \
       $(way_env "$v") timeout 900 "$py" -m pytest -m gpu tests/test_gpu.py -rs -v -p no:cacheprovider \
       --junitxml="$results/logs/gpu_tests_$v.xml" ${DEVICE_PYTEST_ARGS:-} 2>&1 | tee "$results/logs/gpu_tests_$v.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E "
@@ -394,7 +395,7 @@ if has_part gpu-bench; then
     local v=$1 part=$2 name=$3; shift 3
     say "benchmark $part with horovod ($v) $* -> $name.json"
     rm -rf "$results/bench_$v"
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086  # way_env and GPU_BENCH_ARGS are split into words on purpose
     env PYTHONPATH="$work/hvd-$v:$root:${PYTHONPATH:-}" HVD_ASYNC_GPU_HOROVOD="$v" $(way_env "$v") PYTHONUNBUFFERED=1 \
       timeout 600 "$py" benchmarks/gpu_throughput.py --part "$part" --outdir "$results/bench_$v" "$@" ${GPU_BENCH_ARGS:-} \
       2>&1 | tee "$results/logs/bench_${part}_$v.log" | grep -v '^\[' | tail -15

@@ -43,6 +43,7 @@ if ((${#missing[@]})); then
   (cd "$dest/debs" && apt-get download -qq -o APT::Sandbox::User=root "${missing[@]}")
 fi
 # the list the device unpacks, with the distribution it came from
+# shellcheck disable=SC1091
 { . /etc/os-release; echo "# $PRETTY_NAME, $(dpkg --print-architecture)"; } >"$dest/debs/SOURCE"
 
 if ! ls "$dest/src/horovod-$horovod_version.tar.gz" >/dev/null 2>&1; then
@@ -70,10 +71,10 @@ fi
 bytes=$(du -sb "$dest" | cut -f1)
 tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 limit=$((64 * 1024 * 1024))
-log "$(ls "$dest/debs"/*.deb | wc -l) packages, $(ls "$dest/src" | tr '\n' ' ')"
+log "$(compgen -G "$dest/debs/*.deb" | wc -l) packages, $(cd "$dest/src" && compgen -G "*" | tr '\n' ' ')"
 log "size: $dest $((bytes / 1024)) KiB + working tree $((tree / 1024)) KiB = $(((bytes + tree) / 1024)) KiB of the device tool's 64 MiB limit"
 if ((bytes + tree > limit)); then
   log "TOO LARGE for the device tool's carry limit (64 MiB): drop something"
   exit 1
 fi
-log "fits; run on the device: carry [\"${dest#$root/}\"], command: bash scripts/device_check.sh"
+log "fits; run on the device: carry [\"${dest#"$root"/}\"], command: bash scripts/device_check.sh"

@@ -9,8 +9,8 @@
 #   HVD_ASYNC_CACHE   where the environments and wheels live   (default ~/.cache/hvd_async)
 #   PYTHON            the interpreter to build the venv from  (default python3)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's GPU collectives (GPU clusters)
-#   HVD_ASYNC_TEST_TOOLS=1        also what the tests stand up: a one-node Slurm (slurmctld, slurmd,
-#                                 slurm-client, munge; make test sets it)
+#   HVD_ASYNC_TEST_TOOLS=1        also what the tests use: a one-node Slurm (slurmctld, slurmd,
+#                                 slurm-client, munge) and shellcheck (make test sets it)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${HVD_ASYNC_CACHE:-${HOME:-/root}/.cache/hvd_async}
@@ -20,7 +20,7 @@ log() { echo "[setup] $*"; }
 # 1. OpenMPI, the compilers Horovod builds with, iproute2 (for the multi-host test cluster), and
 #    Fashion-MNIST's idx files (--dataset fashion-mnist reads them from /usr/share/datasets/fashion-mnist)
 packages=(openmpi-bin libopenmpi-dev iproute2 cmake g++ make dataset-fashion-mnist)
-[[ ${HVD_ASYNC_TEST_TOOLS:-0} == 1 ]] && packages+=(slurmctld slurmd slurm-client munge)
+[[ ${HVD_ASYNC_TEST_TOOLS:-0} == 1 ]] && packages+=(slurmctld slurmd slurm-client munge shellcheck)
 need=()
 for pkg in "${packages[@]}"; do
   # "install ok installed" only: a removed package keeps its config files and still answers dpkg -s

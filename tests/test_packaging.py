@@ -1,5 +1,6 @@
 """The Dockerfile (no Docker engine runs here): hadolint passes, and the image installs through the
 same scripts/setup.sh that the Makefile's setup target (behind the README's commands) runs."""
+import glob
 import os
 import re
 import shlex
@@ -345,10 +346,24 @@ def test_launch_readme_documents_nccl_and_idle_gpus():
         assert "NCCL" in _read("launch", name), name
 
 
-@pytest.mark.parametrize("name", ["horovodrun.sh", "mpirun.sh", "slurm.sbatch"])
-def test_launch_shell_recipes_pass_shellcheck(name):
+# every shell script of the repository: the launch recipes, the setup and device scripts, CI's
+SHELL_SCRIPTS = sorted(os.path.relpath(path, ROOT) for pattern in ("launch/*.sh", "launch/*.sbatch", "scripts/*.sh")
+                       for path in glob.glob(os.path.join(ROOT, pattern))) + [".ci/run"]
+
+
+@pytest.mark.parametrize("name", SHELL_SCRIPTS)
+def test_shell_scripts_pass_shellcheck(name):
+    """make test's setup installs shellcheck (HVD_ASYNC_TEST_TOOLS=1); in CI (CI=true) its absence fails."""
     if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    result = subprocess.run(["shellcheck", os.path.join(ROOT, "launch", name)], capture_output=True, text=True,
-                            timeout=60)
+        reason = "shellcheck is not installed (make test installs it; or apt-get install shellcheck)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run shellcheck, but: {reason}")
+        pytest.skip(reason)
+    result = subprocess.run(["shellcheck", os.path.join(ROOT, name)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
+
+
+def test_make_test_setup_installs_shellcheck():
+    """The Debian packages scripts/setup.sh adds under HVD_ASYNC_TEST_TOOLS=1 (make test) include shellcheck."""
+    tools = re.search(r"HVD_ASYNC_TEST_TOOLS:-0\} == 1 \]\] && packages\+=\(([^)]*)\)", _read("scripts", "setup.sh"))
+    assert tools and "shellcheck" in tools.group(1).split(), tools
