@@ -80,11 +80,13 @@ class JobOptions:
     logdir: Optional[str] = option(None, "write TensorBoard event files here", flag="--logdir", metavar="DIR")
     metrics_out: Optional[str] = option(None, "write the run's metrics JSON here", flag="--metrics-out",
                                         metavar="PATH")
-    straggler: List[str] = option([], "make that worker's steps FACTOR times as long by sleeping "
-                                  "(repeatable; workers are numbered 0..workers-1, not by MPI rank)",
+    straggler: List[str] = option([], "make that worker's device time (--compute-ms) FACTOR times as long; "
+                                  "its real forward and backward are not stretched (repeatable; needs "
+                                  "--compute-ms > 0; workers are numbered 0..workers-1, not by MPI rank)",
                                   flag="--straggler", action="append", metavar="WORKER=FACTOR")
-    compute_ms: float = option(0.0, "simulated compute per step on every worker (sleep), to study protocol "
-                               "costs", flag="--compute-ms", metavar="MS")
+    compute_ms: float = option(0.0, "emulated accelerator: device time slept before each step's real "
+                               "forward and backward on every worker (0: none; the CPU's own time only)",
+                               flag="--compute-ms", metavar="MS")
     checkpoint_dir: Optional[str] = option(
         None, "write checkpoints here (ckpt-<updates>.pt and the folder of parts it names: each worker's "
         "model, optimizer, algorithm state, batch position and RNG states, each server's shard; every rank "
@@ -140,7 +142,9 @@ class JobOptions:
         if self.max_nonfinite < 0:
             raise ValueError(f"max_nonfinite must be >= 0 (0: never stop), got {self.max_nonfinite}")
         self._check_files()
-        parse_stragglers(self.straggler)  # the forms only: which workers exist is the layout's to say
+        if parse_stragglers(self.straggler) and not self.compute_ms > 0:  # (which workers exist: the layout's)
+            raise ValueError(f"straggler {' '.join(self.straggler)} stretches the emulated device time, and "
+                             f"--compute-ms is {self.compute_ms:g}; give --compute-ms MS > 0 (e.g. 20)")
 
     def _check_files(self) -> None:
         from .jobstate import parse_every

@@ -18,15 +18,16 @@ __all__ = ["NONFINITE_CHECK_EVERY", "TrainingStopped", "main", "train_worker"]
 
 
 class _Pacer:
-    """Injected compute: ``--compute-ms`` on every worker, stretched by this worker's straggler factor."""
+    """The emulated accelerator's time: ``--compute-ms`` slept before each step, times this worker's
+    straggler factor. Only that device time is stretched; the real forward and backward on the CPU
+    are not (on shared cores their time is the other processes' as much as this one's)."""
 
     def __init__(self, compute_ms: float, factor: float):
         self.compute_s, self.factor = compute_ms / 1000.0, factor
 
-    def before_step(self, scale: float, last_work: float) -> None:
-        # ``scale``: this batch's size over the nominal one (dbs-asgd's batches vary). The straggler
-        # sleeps (factor-1) x its real forward/backward time of the last step on top.
-        delay = self.compute_s * self.factor * scale + (self.factor - 1.0) * last_work
+    def before_step(self, scale: float) -> None:
+        # ``scale``: this batch's size over the nominal one (dbs-asgd's batches vary)
+        delay = self.compute_s * self.factor * scale
         if delay > 0:
             time.sleep(delay)
 
@@ -48,8 +49,8 @@ class _JobHost(Host):
         if self.timeout:
             self.watchdog = _Watchdog(self.timeout, loop.comm, list(self.live))
 
-    def before_step(self, scale: float, last_work: float) -> float:
-        self.pacer.before_step(scale, last_work)
+    def before_step(self, scale: float) -> float:
+        self.pacer.before_step(scale)
         return 0.0  # the sleep is not counted as compute (compute_ms_per_step: the real forward/backward)
 
     def beat(self) -> None:

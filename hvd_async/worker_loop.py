@@ -38,9 +38,9 @@ class Host:
     def clock(self) -> float:
         return time.perf_counter()
 
-    def before_step(self, scale: float, last_work: float) -> float:
-        """The compute injected before a step of ``scale`` nominal batches (``last_work``: the last
-        step's forward and backward time); returns the seconds of it to count as compute."""
+    def before_step(self, scale: float) -> float:
+        """The device time injected before a step of ``scale`` nominal batches; returns the seconds
+        of it to count as compute."""
         return 0.0
 
     def start(self, loop: "WorkerLoop") -> None:
@@ -62,7 +62,7 @@ class Counters:
 
     def __init__(self):
         self.steps = self.samples = self.streak = self.skipped_seen = 0
-        self.train_seconds = self.wait_total = self.last_work = 0.0
+        self.train_seconds = self.wait_total = 0.0
         self.new_epoch()
 
     def new_epoch(self) -> None:
@@ -219,7 +219,7 @@ class WorkerLoop:
                 reason = "end"
                 break
             x, y = batch
-            injected = host.before_step(len(y) / self.options.batch_size, acc.last_work)
+            injected = host.before_step(len(y) / self.options.batch_size)
             t0 = clock()
             loss = F.cross_entropy(self.model(x), y)
             opt.zero_grad()
@@ -227,7 +227,6 @@ class WorkerLoop:
             t1 = clock()
             opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
             t2 = clock()
-            acc.last_work = t1 - t0
             acc.epoch_compute += injected + (t1 - t0)
             acc.epoch_wait += t2 - t1
             if bool(torch.isfinite(loss)):

@@ -19,7 +19,7 @@ CLI = python("-m", "hvd_async.cli")
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["--np", "2", "--servers", "2"], "--servers 2 leaves no worker"),
-    (["--np", "3", "--straggler", "3=2"], "there is no worker 3"),
+    (["--np", "3", "--compute-ms", "5", "--straggler", "3=2"], "there is no worker 3"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "--data-dir /nonexistent/mnist does not exist"),
 ])
 def test_bad_input_one_line_exit_2(argv, match):

@@ -176,7 +176,7 @@ class _SimHost(Host):
     def clock(self) -> float:
         return self.sched.now(self.rank)
 
-    def before_step(self, scale: float, last_work: float) -> float:
+    def before_step(self, scale: float) -> float:
         compute = self.delay.draw(scale)
         self.sched.advance(self.rank, compute)
         return compute

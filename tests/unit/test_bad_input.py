@@ -70,6 +70,8 @@ TRAIN = [
     ("fp16-under-asgd", ["--algo", "asgd", "--fp16-allreduce"], "--fp16-allreduce",
      "has no meaning under asgd; it works with: ssgd (leave it out here)"),
     ("lam-under-asgd", ["--algo", "asgd", "--lam", "1"], "--lam 1.0",
+    ("straggler-without-device-time", ["--straggler", "1=3"], "--straggler 1=3",
+     "stretches the emulated device time, and --compute-ms is 0; give --compute-ms MS > 0"),
      "has no meaning under asgd; it works with: dc-asgd, lc-asgd (leave it out here)"),
     ("window-under-ssgd", ["--window", "8"], "--window 8", "has no meaning under ssgd; it works with: hpsgd"),
     ("deterministic-under-asgd", ["--algo", "asgd", "--deterministic"], "--deterministic",

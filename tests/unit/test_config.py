@@ -52,7 +52,7 @@ def test_bad_yaml(tmp_path, text, match):
     (["--np", "0"], "--np must be >= 1, got 0"),
     (["--np", "3", "--servers", "3"], "--servers 3 leaves no worker: --np 3 counts every MPI process"),
     (["--servers", "1"], "--servers 1: algorithm 'ssgd' uses no parameter server"),
-    (["--straggler", "4=2"], "there is no worker 4; the job has 4 worker\\(s\\), numbered 0..3"),
+    (["--compute-ms", "5", "--straggler", "4=2"], "there is no worker 4; the job has 4 worker\\(s\\), numbered 0..3"),
     (["--straggler", "1=0.5"], "FACTOR must be >= 1"),
     (["--straggler", "x"], "must be WORKER=FACTOR"),
     (["--compute-ms", "-1"], "--compute-ms must be >= 0"),
