@@ -62,6 +62,16 @@ def _called_by_horovod_state_broadcast() -> bool:
     return False
 
 
+def _stepped_on_the_servers(optimizer: torch.optim.Optimizer) -> None:
+    """Record that ``optimizer`` has stepped, as torch's LR schedulers see a step: a scheduler built on
+    it wraps its ``step`` to set ``_opt_called`` (torch/optim/lr_scheduler.py, ``patch_track_step_called``)
+    and warns at its first ``step()`` ("Detected call of `lr_scheduler.step()` before
+    `optimizer.step()`") where that is unset. Where the rule runs on the servers, the wrapped SGD's
+    step is theirs (with its param_groups' rate, read at each push) and its ``step`` is never called
+    here, so the wrapper's step marks it instead."""
+    optimizer._opt_called = True
+
+
 def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:  # Horovod's names for unnamed parameters
@@ -275,7 +285,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.begin()
         if loss is not None:  # (a loss that requires grad is read detached, as the caller's own .item())
             self.strategy.reported_loss = float(loss.detach() if torch.is_tensor(loss) else loss)
-        return self.strategy.step(closure)
+        result = self.strategy.step(closure)
+        if not self.strategy.runs_user_optimizer:
+            _stepped_on_the_servers(self.optimizer)
+        return result
 
     def synchronize(self) -> None:
         """Make this worker's gradients final, as Horovod's: ssgd waits for its allreduces (the

@@ -10,7 +10,7 @@ from procs import mpirun, python
 
 CHECKS = ("DROPIN CHECKS OK broadcast rank0_load clipping_and_accumulation step_after_synchronize_warns "
           "options fp16_through_the_windows fp16_overflow_skips_the_whole_push sparse_embeddings "
-          "names_and_requires_grad lr_annealed_to_zero")
+          "names_and_requires_grad lr_annealed_to_zero schedulers_see_the_step")
 
 
 @pytest.mark.parametrize("np,servers,no_shm", [(3, 1, False), (5, 2, True), (2, 0, False)])
@@ -19,6 +19,15 @@ def test_horovod_idioms_under_every_algorithm(np, servers, no_shm):
                     timeout=420)
     assert result.returncode == 0, result.out[-6000:]
     assert CHECKS in result.out, result.out[-3000:]
+
+
+def test_a_torch_lr_scheduler_sees_every_algorithms_step():
+    """Under every algorithm of the registry (2 workers and a server: the server-side rules first, then
+    the others), a scheduler on opt.optimizer or on opt warns nothing about its order."""
+    result = mpirun(3, python("tests/mpi/dropin_checks.py", "schedulers_see_the_step"), env={"SERVERS": "1"},
+                    timeout=240)
+    assert result.returncode == 0, result.out[-6000:]
+    assert "DROPIN CHECKS OK schedulers_see_the_step" in result.out, result.out[-3000:]
 
 
 @pytest.mark.parametrize("np", [3, 4])

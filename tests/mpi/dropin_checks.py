@@ -416,9 +416,31 @@ def lr_annealed_to_zero():
         opt.close()
 
 
+def schedulers_see_the_step():
+    """A torch LR scheduler built on the wrapped optimizer or on the DistributedOptimizer, stepped after
+    each opt.step(), never warns that it was stepped first, under every algorithm (where the rule runs
+    on the servers the wrapped optimizer's own step() is never called)."""
+    for algorithm in algorithms():
+        for on in ("opt.optimizer", "opt"):
+            model = model_for(5)
+            opt = build(algorithm, model)
+            sched = torch.optim.lr_scheduler.StepLR(opt.optimizer if on == "opt.optimizer" else opt, step_size=1,
+                                                    gamma=0.5)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for step in range(3):
+                    train(opt, model, 1, seed=ha.rank() * 10 + step)
+                    sched.step()
+            said = [str(w.message)[:80] for w in caught if "lr_scheduler.step()" in str(w.message)]
+            check(not said, f"{algorithm}, scheduler on {on}: {said}")
+            check(abs(opt.param_groups[0]["lr"] - 0.05 * 0.5 ** 3) < 1e-12, f"{algorithm}: lr {opt.param_groups[0]['lr']}")
+            opt.close()
+
+
 CHECKS = {f.__name__: f for f in (broadcast, rank0_load, clipping_and_accumulation, step_after_synchronize_warns,
                                   options, fp16_through_the_windows, fp16_overflow_skips_the_whole_push,
-                                  sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero)}
+                                  sparse_embeddings, names_and_requires_grad, lr_annealed_to_zero,
+                                  schedulers_see_the_step)}
 
 if __name__ == "__main__":
     main(CHECKS, sys.argv[1:], "DROPIN CHECKS OK")
