@@ -74,8 +74,9 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                 "hvd_async registry (the reference training job).",
                 formatter_class=_Help,
                 argument_default=argparse.SUPPRESS if suppress_defaults else None)
-    p.add_argument("--config", metavar="FILE.yaml", default=d(None),
-                   help="YAML file of options (keys as the long options); flags given here win")
+    p.add_argument("--config", metavar="PRESET|FILE.yaml", default=d(None),
+                   help=f"a packaged preset by name ({', '.join(preset_names())}) or a YAML file of options "
+                        f"(keys as the long options); flags given here win")
     p.add_argument("--algo", default=d("ssgd"), metavar="NAME",
                    help=f"algorithm, one of: {', '.join(registry.names())}")
     p.add_argument("--plugin", action="append", default=d([]), metavar="MODULE",
@@ -108,9 +109,28 @@ def apply_dataset_defaults(args: argparse.Namespace, given) -> argparse.Namespac
     return args
 
 
+PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data (setup.cfg)
+
+
+def preset_names() -> List[str]:
+    """The packaged presets' names (``hvd_async/presets/NAME.yaml``; ``launch/presets`` in the checkout)."""
+    return sorted(name[:-len(".yaml")] for name in os.listdir(PRESETS) if name.endswith(".yaml"))
+
+
+def config_file(value: str) -> str:
+    """The file ``--config VALUE`` reads: the file if there is one, else the packaged preset named
+    ``VALUE`` (so ``--config dc-asgd`` works from any folder and from an installed package)."""
+    if os.path.isfile(value):
+        return value
+    if os.sep in value or value.endswith((".yaml", ".yml")):
+        raise ConfigError(f"--config {value}: no such file")
+    if value not in preset_names():
+        raise ConfigError(f"--config {value}: no such file or preset; the presets are: {', '.join(preset_names())}")
+    return os.path.join(PRESETS, value + ".yaml")
+
+
 def _load_yaml(path: str, parser) -> Dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path}: no such file")
+    path = config_file(path)
     try:
         with open(path) as f:
             data = yaml.safe_load(f) or {}
@@ -170,16 +190,17 @@ def load_plugins(argv: Sequence[str]) -> None:
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(list(argv))
     specs = list(known.plugin)
-    if known.config and os.path.isfile(known.config):
+    preset = config_file(known.config) if known.config else None
+    if preset:
         try:
-            with open(known.config) as f:
+            with open(preset) as f:
                 data = yaml.safe_load(f)
         except (OSError, yaml.YAMLError):
             data = None  # _load_yaml says what is wrong
         given = data.get("plugin") if isinstance(data, dict) else None
         for spec in (given if isinstance(given, list) else [given] if given else []):
             spec = str(spec)  # a file named in a preset: relative to the preset's folder
-            beside = os.path.join(os.path.dirname(os.path.abspath(known.config)), spec)
+            beside = os.path.join(os.path.dirname(os.path.abspath(preset)), spec)
             specs.append(beside if spec.endswith(".py") and not os.path.isabs(spec) and os.path.isfile(beside)
                          else spec)
     try:
@@ -239,8 +260,14 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobS
     if servers < 0:
         raise ConfigError(f"--servers must be >= 0, got {servers}")
     if total is not None and servers >= total:
+        if args.servers is None:  # the algorithm's default server: the fix is more processes
+            raise ConfigError(f"--np {total} leaves no worker: algorithm {args.algo!r} needs {servers} "
+                              f"parameter-server rank(s) beside its workers, and --np counts both; use "
+                              f"--np {servers + 1} or more")
+        fix = (f"--servers < {total} or a larger --np" if total > 1 or not uses_servers
+               else f"--np {servers + 1} or more")  # (not --servers 0: the algorithm needs a server)
         raise ConfigError(f"--servers {servers} leaves no worker: --np {total} counts every MPI "
-                          f"process, servers included; use --servers < {total} or a larger --np")
+                          f"process, servers included; use {fix}")
     if not uses_servers and servers:
         raise ConfigError(f"--servers {servers}: algorithm {args.algo!r}"
                           f"{' with ' + given_flags(args) if row.uses_servers else ''} uses no "

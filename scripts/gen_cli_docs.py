@@ -48,7 +48,7 @@ def render() -> str:
              "`hvd-async` is installed with the package (`pip install -e .`, or `scripts/setup.sh`); "
              "`python -m hvd_async.cli` is the same command. Options of `hvd-async train` can also come "
              "from a YAML file (`--config`, keys are the long options without dashes; flags given on "
-             "the command line win): see `launch/presets/`. The training job itself, "
+             "the command line win), or a preset by name (`--config dc-asgd`): see `launch/presets/`. The training job itself, "
              "`python -m hvd_async.train` under your own `mpirun`, takes the same options except the "
              "launcher's own (`--mpi-args`, and `--np` becomes a check against the MPI world).",
              "",

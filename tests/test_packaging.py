@@ -124,6 +124,28 @@ def test_build_script_honours_what_the_image_sets():
         assert re.search(rf"^{package}\b", requirements, re.M), package
 
 
+def test_an_installed_package_finds_its_presets_by_name(tmp_path):
+    """The wheel carries hvd_async/presets (package data), so --config NAME works away from the checkout."""
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "hvd_async"), src / "hvd_async",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), src)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"),
+                            str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheel = next((tmp_path / "wheel").glob("*.whl"))
+    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    found = subprocess.run([sys.executable, "-c", "from hvd_async import config; print(config.config_file('dc-asgd'))"],
+                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
+                           capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(tmp_path / "site" / "hvd_async" / "presets" / "dc-asgd.yaml")
+
+
 RECIPES = ["horovodrun.sh", "mpirun.sh", "slurm.sbatch", "kubeflow-mpijob.yaml"]
 
 

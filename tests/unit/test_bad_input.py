@@ -44,6 +44,12 @@ TRAIN = [
     ("servers-type", ["--servers", "two"], "'two'", "invalid int value"),
     ("servers-range", ["--servers", "-1"], "-1", "--servers must be >= 0"),
     ("servers-without-ps", ["--algo", "hpsgd", "--servers", "1"], "--servers 1", "use --servers 0"),
+    # the fix named must be one the next run accepts: asgd needs its server, so more processes
+    ("np-one-with-server", ["--algo", "asgd", "--np", "1"], "--np 1", "needs 1 parameter-server rank(s) beside"
+     " its workers, and --np counts both; use --np 2 or more"),
+    ("servers-np-one", ["--algo", "asgd", "--np", "1", "--servers", "1"], "--servers 1", "use --np 2 or more"),
+    ("config-preset", ["--config", "dc-asgdd"], "dc-asgdd", "no such file or preset; the presets are: asgd, "
+     "backup-sgd, dbs-asgd, dc-asgd,"),
     ("servers-od-allreduce", ["--algo", "od-sgd", "--od-exchange", "allreduce", "--servers", "1"],
      "--servers 1", "with --od-exchange allreduce uses no parameter server; use --servers 0"),
     ("dataset-without-dir", ["--dataset", "imagenet"], "--dataset imagenet", "needs --data-dir"),

@@ -90,6 +90,18 @@ def test_every_preset_is_valid():
         assert spec.algorithm is not None
 
 
+def test_a_preset_by_name_from_any_folder(tmp_path, monkeypatch):
+    """--config NAME reads the packaged preset (hvd_async/presets, package data; launch/presets in the
+    checkout), from a folder that holds neither; a file of that name in the folder wins."""
+    monkeypatch.chdir(tmp_path)
+    assert config.preset_names() == sorted(config.preset_names()) and "dc-asgd" in config.preset_names()
+    spec = _validate(["--config", "dc-asgd", "--epochs", "2"])
+    assert (spec.algo, spec.layout.servers, spec.job.epochs) == ("dc-asgd", 1, 2)
+    assert spec.algorithm["lam"] == 2.0  # the preset's own value
+    (tmp_path / "dc-asgd").write_text("algo: asgd\n")
+    assert _validate(["--config", "dc-asgd"]).algo == "asgd"
+
+
 def test_another_algorithms_option_is_refused_only_where_given(tmp_path):
     """The defaults of the flags never count as given: every algorithm validates with none set; a value
     the user set for another algorithm (a flag, or a key of the --config file) gets the API's refusal."""
