@@ -66,14 +66,39 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+class _HelpWithExamples(argparse.RawDescriptionHelpFormatter, _Help):
+    """_Help, with the description (which holds the examples) printed as written."""
+
+
+# what ``hvd-async train --help`` says first, before its long list of options; every example is
+# checked to parse and validate (tests/unit/test_config.py)
+TRAIN_DESCRIPTION = """\
+Train a model with a distributed SGD algorithm from the hvd_async registry (the reference training
+job) on --np MPI processes, started by mpirun on this machine (--mpi-args for other hosts).
+
+examples:
+  hvd-async train --algo asgd --np 5 --straggler 2=3 --compute-ms 20  # 4 workers + 1 server; 2 slow
+  hvd-async train --config dc-asgd --epochs 3 --logdir runs/tb        # a preset, flags win over it
+  hvd-async train --algo dbs-asgd --np 5 --metrics-out m.json         # the result as JSON too
+  hvd-async train --algo dc-asgd --np 9 --servers 2 --mpi-args '--hostfile hosts --map-by node'
+  mpirun -np 4 python -m hvd_async.train --algo gossip                # under your own launcher
+
+Every option below is also a key of a --config YAML file; docs/cli.md has this help."""
+
+
 def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                  suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    """The job's parser; ``launcher`` adds the options only ``hvd-async train`` reads."""
+    """The job's parser; ``launcher`` adds the options only ``hvd-async train`` reads (and the help's
+    short usage line and examples)."""
     d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
     p = _Parser(prog=prog, description="Train a model with a distributed SGD algorithm from the "
                 "hvd_async registry (the reference training job).",
                 formatter_class=_Help,
                 argument_default=argparse.SUPPRESS if suppress_defaults else None)
+    if launcher:  # the usage argparse makes lists every option: 40 lines before any help
+        p.usage = "%(prog)s [--config PRESET|FILE.yaml] [--algo NAME] [--np N] [OPTION ...]"
+        p.description = TRAIN_DESCRIPTION
+        p.formatter_class = _HelpWithExamples
     p.add_argument("--config", metavar="PRESET|FILE.yaml", default=d(None),
                    help=f"a packaged preset by name ({', '.join(preset_names())}) or a YAML file of options "
                         f"(keys as the long options); flags given here win")

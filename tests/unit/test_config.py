@@ -116,3 +116,26 @@ def test_another_algorithms_option_is_refused_only_where_given(tmp_path):
                                                  r"lc-asgd \(leave it out here\)$"):
         _validate(["--config", str(path)])
     assert _validate(["--config", str(path), "--algo", "dc-asgd"]).algo == "dc-asgd"
+
+
+def test_train_help_says_what_and_shows_examples_before_the_options(capsys, monkeypatch):
+    """hvd-async train --help: a short usage line, what the command does and examples, then the options;
+    every example parses and validates (an example under mpirun as the job does, at its -np)."""
+    import shlex
+
+    from hvd_async import cli
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    head = text[:text.index("\noptions:")].splitlines()
+    assert head[0].startswith("usage: hvd-async train ") and head[1] == "", head[:3]  # one line of usage
+    assert len(head) <= 16 and "examples:" in head, head
+    examples = [shlex.split(line.split("  #")[0]) for line in head if line.startswith("  ")]
+    assert len(examples) >= 3 and any("--config" in argv for argv in examples), examples
+    for argv in examples:
+        if argv[0] == "mpirun":
+            _validate(argv[argv.index("hvd_async.train") + 1:], world_size=int(argv[2]))
+        else:
+            assert argv[:2] == ["hvd-async", "train"], argv
+            config.launch_options(config.parse(argv[2:]), _validate(argv[2:]))
