@@ -12,6 +12,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from .data import DATASETS, EVAL_SPLITS, FILE_DATASETS
+from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 from .models import MODELS
 from .options import option
 from .progress import LINE_EVERY, MODES as PROGRESS_MODES
@@ -87,6 +88,13 @@ class JobOptions:
     compute_ms: float = option(0.0, "emulated accelerator: device time slept before each step's real "
                                "forward and backward on every worker (0: none; the CPU's own time only)",
                                flag="--compute-ms", metavar="MS")
+    delay_dist: str = option("constant", "distribution of each step's device time around --compute-ms (its "
+                             "mean), drawn per worker from --seed: transient stragglers", flag="--delay-dist",
+                             choices=DISTRIBUTIONS)
+    delay_shape: Optional[float] = option(
+        None, f"the distribution's shape: uniform half-width as a fraction of the mean (default "
+        f"{DEFAULT_SHAPE['uniform']}), lognormal sigma ({DEFAULT_SHAPE['lognormal']}), pareto alpha > 1 "
+        f"({DEFAULT_SHAPE['pareto']}); constant and exponential take none", flag="--delay-shape", metavar="X")
     checkpoint_dir: Optional[str] = option(
         None, "write checkpoints here (ckpt-<updates>.pt and the folder of parts it names: each worker's "
         "model, optimizer, algorithm state, batch position and RNG states, each server's shard; every rank "
@@ -145,6 +153,10 @@ class JobOptions:
         if parse_stragglers(self.straggler) and not self.compute_ms > 0:  # (which workers exist: the layout's)
             raise ValueError(f"straggler {' '.join(self.straggler)} stretches the emulated device time, and "
                              f"--compute-ms is {self.compute_ms:g}; give --compute-ms MS > 0 (e.g. 20)")
+        self.delay_shape = check_shape(self.delay_dist, self.delay_shape)
+        if self.delay_dist != "constant" and not self.compute_ms > 0:
+            raise ValueError(f"delay_dist {self.delay_dist} draws each step's device time around --compute-ms, "
+                             f"and --compute-ms is {self.compute_ms:g}; give --compute-ms MS > 0 (e.g. 20)")
 
     def _check_files(self) -> None:
         from .jobstate import parse_every
@@ -212,5 +224,6 @@ class JobSpec:
         return {"algorithm": self.algo, "world_size": self.layout.world_size, "workers": self.layout.workers,
                 "servers": self.layout.servers, "dataset": job.dataset, "evaluated_on": job.eval_on,
                 "model": job.model, "epochs": job.epochs, "batch_size": job.batch_size, "lr": job.lr,
-                "seed": job.seed, "compute_ms": job.compute_ms,
+                "seed": job.seed, "compute_ms": job.compute_ms, "delay_dist": job.delay_dist,
+                "delay_shape": job.delay_shape,
                 "stragglers": {str(k): v for k, v in job.stragglers.items()}}

@@ -10,6 +10,7 @@ Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
 """
 import time
 
+from .delays import DelayModel
 from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
 from .progress import progress_mode
 from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop
@@ -18,22 +19,23 @@ __all__ = ["NONFINITE_CHECK_EVERY", "TrainingStopped", "main", "train_worker"]
 
 
 class _Pacer:
-    """The emulated accelerator's time: ``--compute-ms`` slept before each step, times this worker's
-    straggler factor. Only that device time is stretched; the real forward and backward on the CPU
-    are not (on shared cores their time is the other processes' as much as this one's)."""
+    """The emulated accelerator's time: before each step, the device time of worker ``worker`` drawn
+    around ``--compute-ms`` (``--delay-dist``; the simulator draws the same, :mod:`hvd_async.delays`)
+    times its straggler factor, slept. Only that device time is stretched; the real forward and
+    backward on the CPU are not (on shared cores their time is the other processes' as much as this
+    one's)."""
 
-    def __init__(self, compute_ms: float, factor: float):
-        self.compute_s, self.factor = compute_ms / 1000.0, factor
+    def __init__(self, job, worker: int):
+        self.delay = DelayModel.of_job(job, worker, job.stragglers.get(worker, 1.0)) if job.compute_ms > 0 else None
 
     def before_step(self, scale: float) -> None:
         # ``scale``: this batch's size over the nominal one (dbs-asgd's batches vary)
-        delay = self.compute_s * self.factor * scale
-        if delay > 0:
-            time.sleep(delay)
+        if self.delay is not None:
+            time.sleep(self.delay.draw(scale))
 
 
 class _JobHost(Host):
-    """A real worker: wall-clock time, ``--compute-ms`` slept (stretched by ``--straggler``), and
+    """A real worker: wall-clock time, its device time slept (:class:`_Pacer`), and
     ``--worker-timeout``'s watchdog and dropping of stalled workers."""
 
     def __init__(self, job, comm, rank: int):
@@ -41,7 +43,7 @@ class _JobHost(Host):
 
         super().__init__(MPI.MAX)
         self.timeout = job.worker_timeout
-        self.pacer = _Pacer(job.compute_ms, job.stragglers.get(rank, 1.0))
+        self.pacer = _Pacer(job, rank)
         self.live = list(range(comm.size))  # worker numbers still in the workers' communicator
         self.watchdog = None
 

@@ -11,7 +11,7 @@ reaches ``epoch x`` batches-in-one-pass (at least one batch each), the others ta
 then ``load_global_model()`` and an evaluation of the test split, each worker taking every N-th sample.
 
 Before each step the worker's clock moves on by its compute time (drawn from its
-:class:`~hvd_async.sim.delays.DelayModel`, scaled by the batch over the nominal one); the step's
+:class:`~hvd_async.delays.DelayModel`, scaled by the batch over the nominal one); the step's
 forward and backward then run for real, and ``opt.step()`` takes whatever simulated time its
 exchanges take (latency, waiting for others). Evaluation and metric reductions take none.
 """
@@ -21,6 +21,7 @@ import torch
 
 from .. import models, registry
 from ..config import ConfigError
+from ..delays import DelayModel
 from ..jobspec import JobSpec
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
@@ -31,7 +32,6 @@ from ..transport.trace import Trace, Tracer
 from ..transport.window import WindowTransport
 from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
-from .delays import DelayModel
 from .horovod import SimHorovod
 from .mpi import SimComm as SimMPIComm, SimMPI, SimWorld
 from .network import SimComm, SimNetwork
@@ -150,14 +150,19 @@ def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
     """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
     job = spec.job
     cluster = Cluster(spec, sim)
-    slow = sim.factors(job.stragglers)
-    delays = [DelayModel(sim.delay_dist, mean_ms=job.compute_ms, shape=sim.delay_shape, seed=job.seed,
-                         worker=w, factor=slow[w]) for w in range(sim.workers)]
+    delays = worker_delays(spec, sim)
 
     def body(w: int):
         return _worker(spec, splits, cluster, _SimHost(cluster, delays[w], w))
 
     return cluster.sched.run(body)[0]
+
+
+def worker_delays(spec: JobSpec, sim: SimOptions) -> List[DelayModel]:
+    """Each simulated worker's device times: the training job's model (:mod:`hvd_async.delays`), with
+    ``--slow-workers`` on top of ``--straggler``."""
+    slow = sim.factors(spec.job.stragglers)
+    return [DelayModel.of_job(spec.job, w, slow[w]) for w in range(sim.workers)]
 
 
 class _SimHost(Host):
@@ -208,7 +213,7 @@ def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost) -> Dict:
 
 
 def _simulator_info(spec: JobSpec, sim: SimOptions) -> Dict:
-    factors = sim.factors(spec.job.stragglers)
-    return {"delay_dist": sim.delay_dist, "compute_ms": spec.job.compute_ms, "delay_shape": sim.delay_shape,
+    factors, job = sim.factors(spec.job.stragglers), spec.job
+    return {"delay_dist": job.delay_dist, "compute_ms": job.compute_ms, "delay_shape": job.delay_shape,
             "latency_ms": sim.latency_ms, "stragglers": {str(w): f for w, f in enumerate(factors) if f != 1.0},
             "slow_workers": sim.slow_workers, "slow_factor": sim.slow_factor, "seed": spec.job.seed}

@@ -13,7 +13,6 @@ from typing import List, Optional, Sequence, Tuple
 
 from .. import config, options, registry
 from ..options import option
-from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 
 DEFAULT_COMPUTE_MS = 10.0
 
@@ -33,12 +32,6 @@ class SimOptions:
     """The simulator's own options (beside every option of ``hvd-async train``)."""
 
     workers: int = option(4, "simulated workers", flag="--workers", metavar="N")
-    delay_dist: str = option("constant", "distribution of each step's compute time (mean --compute-ms)",
-                             flag="--delay-dist", choices=DISTRIBUTIONS)
-    delay_shape: Optional[float] = option(
-        None, f"the distribution's shape: uniform half-width as a fraction of the mean (default "
-        f"{DEFAULT_SHAPE['uniform']}), lognormal sigma ({DEFAULT_SHAPE['lognormal']}), pareto alpha > 1 "
-        f"({DEFAULT_SHAPE['pareto']}); constant and exponential take none", flag="--delay-shape", metavar="X")
     latency_ms: float = option(0.0, "simulated time per round trip the transport waits for (a flush of its "
                                "one-sided reads and writes, a request and its answer, a collective)",
                                flag="--latency-ms", metavar="MS")
@@ -69,7 +62,6 @@ class SimOptions:
         if self.trace_out and os.path.exists(self.trace_out) and not os.path.isdir(self.trace_out):
             raise ValueError(f"trace_out {self.trace_out} exists and is not a folder; give a folder for the "
                              f"trace files")
-        self.delay_shape = check_shape(self.delay_dist, self.delay_shape)
         if self.replay is not None:
             if self.latency_ms:
                 raise ValueError("replay needs --latency-ms 0 (the recorded order, not latency, "
@@ -93,8 +85,8 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
                      "in the output are simulated seconds (time_base: simulated).")
     _retune(p, "np", help="ignored by the simulator unless given: then it must equal --workers plus --servers")
     _retune(p, "compute_ms", default=d(DEFAULT_COMPUTE_MS),
-            help="mean simulated compute time per step of a nominal batch (virtual ms; > 0)")
-    _retune(p, "straggler", help="multiply that worker's compute times by FACTOR (repeatable; workers "
+            help="mean simulated device time per step of a nominal batch (virtual ms; > 0)")
+    _retune(p, "straggler", help="multiply that worker's device times by FACTOR (repeatable; workers "
                                  "are numbered 0..workers-1)")
     _retune(p, "progress", help="ignored: the simulator prints one line per epoch")
     options.add_options(p.add_argument_group("simulator"), SimOptions, suppress_defaults=suppress_defaults)

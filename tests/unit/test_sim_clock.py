@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hvd_async.sim.clock import Scheduler, SimulationError
-from hvd_async.sim.delays import DISTRIBUTIONS, DelayModel, check_shape
+from hvd_async.delays import DISTRIBUTIONS, DelayModel, check_shape
 from hvd_async.sim.network import SimNetwork
 
 

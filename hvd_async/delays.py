@@ -1,7 +1,8 @@
-"""Per-worker compute times of the simulator: a distribution with a given mean, seeded per worker.
+"""Each worker's device time per step, drawn around ``--compute-ms``: the one model that ``hvd-async
+train`` sleeps (its emulated accelerator) and ``hvd-async simulate`` moves its virtual clock by.
 
-Every distribution has mean ``compute_ms`` (before the worker's slow-down factor); ``shape`` sets
-its spread:
+Every distribution (``--delay-dist``) has mean ``compute_ms`` (before the worker's straggler
+factor); ``shape`` (``--delay-shape``) sets its spread:
 
 - ``constant``: always the mean (no shape);
 - ``uniform``: uniform on ``mean * [1 - shape, 1 + shape]``, shape in [0, 1] (default 0.5);
@@ -11,8 +12,9 @@ its spread:
 - ``pareto``: Pareto with scale ``mean * (shape - 1) / shape`` and tail index shape (alpha) > 1
   (default 3.0; the closer to 1, the heavier the tail).
 
-Worker ``w`` draws from ``numpy.random.Generator(PCG64(SeedSequence(seed, spawn_key=(w,))))``:
-the same seed gives the same draws, whatever the other workers do.
+Worker ``w`` of a run with ``--seed S`` draws from
+``numpy.random.Generator(PCG64(SeedSequence(S, spawn_key=(w,))))``: the same seed gives the same
+draws, in the job and in the simulator, whatever the other workers do.
 
 Example::
 
@@ -48,13 +50,13 @@ def check_shape(dist: str, shape: Optional[float]) -> Optional[float]:
 
 
 class DelayModel:
-    """Compute time per step of one worker, in seconds: ``draw(scale)`` for a batch ``scale`` times the
+    """Device time per step of one worker, in seconds: ``draw(scale)`` for a batch ``scale`` times the
     nominal one (dbs-asgd's batches vary), times the worker's slow-down ``factor``."""
 
     def __init__(self, dist: str, *, mean_ms: float, shape: Optional[float], seed: int, worker: int,
                  factor: float = 1.0):
         if not mean_ms > 0:
-            raise ValueError(f"--compute-ms must be > 0 in the simulator, got {mean_ms}")
+            raise ValueError(f"--compute-ms must be > 0 to draw device times around it, got {mean_ms}")
         self.dist, self.shape = dist, check_shape(dist, shape)
         self.mean = mean_ms / 1000.0
         self.factor = float(factor)
@@ -74,3 +76,10 @@ class DelayModel:
 
     def draw(self, scale: float = 1.0) -> float:
         return self._base() * self.factor * scale
+
+    @classmethod
+    def of_job(cls, job, worker: int, factor: float) -> "DelayModel":
+        """Worker ``worker``'s model in the job ``job`` (a :class:`~hvd_async.jobspec.JobOptions`:
+        ``--delay-dist``, ``--compute-ms``, ``--delay-shape``, ``--seed``), stretched by ``factor``."""
+        return cls(job.delay_dist, mean_ms=job.compute_ms, shape=job.delay_shape, seed=job.seed, worker=worker,
+                   factor=factor)
