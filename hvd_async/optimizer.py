@@ -216,7 +216,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "over), not both")
         own_transport, registered = transport is None, transport is None and comms is None
         # every worker's model is checked once: over this job's workers before anything opens, or (a
-        # transport given, the simulator's comms, a process set: only its members are here) over the transport
+        # transport given, the simulator's comms, a process set: its members, a worker outside it alone)
+        # over the transport
         model_checked_first = registered and hvd_options.process_set is None
         if registered:  # this job's runtime: its servers, and its exit hook closes what is left open
             comms = runtime.comms("DistributedOptimizer")

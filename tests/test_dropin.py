@@ -55,3 +55,12 @@ def test_ssgd_over_a_process_set_is_horovods():
     result = mpirun(3, python("tests/mpi/process_set_job.py"), env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=120)
     assert result.returncode == 0, result.out[-4000:]
     assert sorted(re.findall(r"PROCESS SET OK worker (\d)", result.out)) == ["0", "1", "2"], result.out[-3000:]
+
+
+def test_ssgd_over_a_process_set_this_worker_is_not_in_steps_locally():
+    """As Horovod's test_optimizer_process_sets: both workers build the optimizer over the set {0}; worker 1,
+    outside it, steps locally and exchanges nothing, as Horovod's optimizer there; the job ends cleanly."""
+    result = mpirun(2, python("tests/mpi/process_set_job.py"), env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=120)
+    assert result.returncode == 0, result.out[-4000:]
+    found = sorted(re.findall(r"OUTSIDE THE SET OK worker (\d) member=(\w+)", result.out))
+    assert found == [("0", "True"), ("1", "False")], result.out[-3000:]
