@@ -14,10 +14,10 @@ TAG_FAILED = 7303  # on the runtime's ``failures`` communicator: this rank is en
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
-def bad_input_line(exc, tb, who: str) -> Optional[str]:
+def bad_input_line(exc, tb, who: str, kinds=(ValueError, TypeError)) -> Optional[str]:
     """``hvd_async: error: WHO: Type: message (the call at FILE:LINE)`` where ``exc`` is a bad-input
-    error raised inside the package from a caller outside it; None for any other error."""
-    if not isinstance(exc, (ValueError, TypeError)):
+    error (one of ``kinds``) raised inside the package from a caller outside it; None for any other."""
+    if not isinstance(exc, kinds):
         return None
     frames = traceback.extract_tb(tb)
     inside = [i for i, frame in enumerate(frames) if os.path.abspath(frame.filename).startswith(PACKAGE + os.sep)]

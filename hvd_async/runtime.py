@@ -67,7 +67,19 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
         import hvd_async as ha
         ha.init(servers=1, serve=True)   # server ranks never return from here
         opt = ha.DistributedOptimizer(..., algorithm="asgd")
+
+    An error ``init`` raises (a bad argument, a launch it cannot use), if the script does not catch
+    it, is one line naming the script's call (``HVD_ASYNC_DEBUG=1`` prints the traceback too).
     """
+    try:
+        _init(servers, serve)
+    except Exception:
+        if sys.excepthook is sys.__excepthook__:  # (the hook does nothing for an error the script catches)
+            sys.excepthook = _end_job_on_uncaught
+        raise
+
+
+def _init(servers, serve: bool) -> None:
     global _rt
     if isinstance(servers, bool) or not isinstance(servers, numbers.Integral) or servers < 0:
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
@@ -121,19 +133,27 @@ def _end_job_on_uncaught(exc_type, exc, tb) -> None:
     said once, by the lowest of them; where it is only that another worker has left (its process
     exited, or it closed its transport), or a bad argument to the library, one line says so without
     the traceback (``HVD_ASYNC_DEBUG=1`` prints it too)."""
+    from mpi4py import MPI
+
     debug = bool(os.environ.get("HVD_ASYNC_DEBUG"))
     line = departure_message(exc)
     if line is None and _rt is not None:
         line = failures.bad_input_line(exc, tb, f"{_rt.role.value} {_rt.group.rank}")
+    elif line is None:  # raised by init: its own refusals (a RuntimeError: the launch) are one line too
+        line = failures.bad_input_line(exc, tb, f"rank {MPI.COMM_WORLD.rank}", kinds=(ValueError, TypeError,
+                                                                                      RuntimeError))
     key = f"{exc_type.__name__}: {exc}"
-    if _rt is not None and failures.lowest_alike(_rt.failures, key, ABORT_GRACE_SECONDS) is not None and not debug:
+    world = _rt.world if _rt is not None else MPI.COMM_WORLD
+    told = _rt.failures if _rt is not None else world  # (before init made its communicators: the world's)
+    if world.size > 1 and failures.lowest_alike(told, key, ABORT_GRACE_SECONDS) is not None and not debug:
         time.sleep(3 * ABORT_GRACE_SECONDS)  # a lower rank says it and ends the job meanwhile
-        _abort(1, grace=0.0)
+        failures.abort(world, 1)
     if line is None or debug:
         sys.__excepthook__(exc_type, exc, tb)
     if line is not None:
         sys.stderr.write(line + "\n")
-    _abort(1, grace=0.0)  # the grace was spent hearing the other ranks
+    if world.size > 1:  # (a process alone just ends, with status 1)
+        failures.abort(world, 1)  # the grace was spent hearing the other ranks
 
 
 def departed() -> List[int]:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from procs import mpirun, python
+from procs import mpirun, python, run
 
 
 DIFFERENT_MODELS = """
@@ -90,6 +90,26 @@ def test_bad_keyword_reaching_a_real_transport_ends_every_rank_with_one_line(tmp
     assert len(lines) == 1 and "Traceback" not in said, stderr
     assert re.fullmatch(r"hvd_async: error: worker [01]: " + re.escape(message) +
                         r" \(the call at <string>:10; HVD_ASYNC_DEBUG=1 prints the traceback\)", lines[0]), lines
+
+
+def test_an_error_init_raises_is_one_line(tmp_path):
+    """ha.init(servers=2) in a job of 2 processes: every rank raises alike; it is said once, in one line
+    naming the script's call, without a traceback, and the job ends. The same for a launch init refuses
+    in a process alone (horovodrun without --mpi), which just ends with status 1."""
+    script = "import hvd_async as ha\n\nha.init(servers=2)\n"
+    result = mpirun(2, python("-c", script), timeout=120, mpi_args=["--output-filename", str(tmp_path)])
+    assert result.returncode != 0
+    said = "".join(path.read_text() for path in tmp_path.glob("*/rank.*/stderr"))
+    message = "ValueError: servers=2 leaves no worker: the job has 2 MPI process(es) in all"
+    lines = [line for line in said.splitlines() if message in line]
+    assert len(lines) == 1 and "Traceback" not in said, said
+    assert re.fullmatch(r"hvd_async: error: rank [01]: " + re.escape(message) + r".* \(the call at <string>:3; "
+                        r"HVD_ASYNC_DEBUG=1 prints the traceback\)", lines[0]), lines
+    alone = run(python("-c", "import hvd_async as ha; ha.init()"), timeout=60, env={"HOROVOD_SIZE": "3"})
+    assert alone.returncode == 1 and "Traceback" not in alone.out, alone.out
+    (line,) = [line for line in alone.out.splitlines() if line.strip()]
+    assert line.startswith("hvd_async: error: rank 0: RuntimeError: this process sees 1 MPI process(es) but "
+                           "horovodrun started 3"), line
 
 
 IDLE_SERVERS = """
