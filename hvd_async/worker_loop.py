@@ -61,12 +61,12 @@ class Counters:
     """One worker's running counts; a checkpoint holds them, so a resumed epoch reports as a whole one."""
 
     def __init__(self):
-        self.steps = self.samples = self.streak = self.skipped_seen = 0
+        self.steps = self.samples = self.dropped_samples = self.streak = self.skipped_seen = 0
         self.train_seconds = self.wait_total = 0.0
         self.new_epoch()
 
     def new_epoch(self) -> None:
-        self.epoch_steps = self.epoch_samples = 0
+        self.epoch_steps = self.epoch_samples = self.epoch_dropped = 0  # (dropped: samples of gradients not applied)
         self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
 
 
@@ -225,6 +225,7 @@ class WorkerLoop:
             opt.zero_grad()
             loss.backward()
             t1 = clock()
+            dropped = opt.strategy.dropped_gradients
             opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
             t2 = clock()
             acc.epoch_compute += injected + (t1 - t0)
@@ -234,6 +235,8 @@ class WorkerLoop:
             acc.steps += 1
             acc.epoch_steps += 1
             acc.epoch_samples += len(y)
+            if opt.strategy.dropped_gradients != dropped:  # computed, and not applied (backup-sgd's late ones)
+                acc.epoch_dropped += len(y)
             skipped = opt.strategy.skipped_nonfinite
             acc.streak = acc.streak + 1 if skipped > acc.skipped_seen else 0
             acc.skipped_seen = skipped
@@ -284,6 +287,7 @@ class WorkerLoop:
         acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
         steps = max(1, acc.epoch_steps)
         acc.samples += acc.epoch_samples
+        acc.dropped_samples += acc.epoch_dropped
         acc.train_seconds += acc.epoch_seconds
         acc.wait_total += acc.epoch_wait
         stats = self.stats = opt.stats()
@@ -296,7 +300,9 @@ class WorkerLoop:
         worker_loss = float(self.loss_sum) / steps
         self.train_loss = comm.allreduce(worker_loss) / workers
         losses = comm.gather(worker_loss, root=0)
-        rates = comm.gather(acc.epoch_samples / acc.epoch_seconds if acc.epoch_seconds > 0 else 0.0, root=0)
+        applied = acc.epoch_samples - acc.epoch_dropped
+        rates = comm.gather(applied / acc.epoch_seconds if acc.epoch_seconds > 0 else 0.0, root=0)
+        dropped = comm.allreduce(acc.epoch_dropped)
         self.host.beat()
         accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm, self.device)
         self.host.beat()
@@ -305,17 +311,18 @@ class WorkerLoop:
         timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
         self.batch_sizes = comm.gather(stats.get("batch_size", self.options.batch_size), root=0)
         if self.reporter:
-            self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds)
+            self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds, dropped)
         self.staleness_seen = staleness
         self.blocked_before = stats.get("exchange_wait_seconds")
         acc.new_epoch()
         self.loss_sum.zero_()
 
-    def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds) -> None:
+    def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds, dropped) -> None:
         metrics, options = self.metrics, self.options
         entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=self.train_loss,
                               worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / self.workers,
                               timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
+        entry["dropped_samples"] = dropped
         if self.source.shared is not None:
             entry["batch_sizes"] = self.batch_sizes
             metrics.per_worker("batch_size", self.batch_sizes, epoch)
@@ -381,6 +388,8 @@ class WorkerLoop:
         acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
         steps = acc.steps
         total_samples = comm.allreduce(acc.samples)
+        applied_samples = total_samples - comm.allreduce(acc.dropped_samples)
+        dropped_gradients = comm.allreduce(opt.strategy.dropped_gradients)
         total_steps = comm.allreduce(steps)
         train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
         blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd
@@ -396,7 +405,10 @@ class WorkerLoop:
         record = dict(
             steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"] if self.reporter else None,
             final_train_loss=self.train_loss, wall_seconds=None, train_seconds=round(train_seconds, 6),
-            samples=total_samples, samples_per_second=total_samples / max(train_seconds, 1e-9),
+            samples=total_samples, samples_applied=applied_samples,
+            dropped_gradients=dropped_gradients,
+            samples_per_second=applied_samples / max(train_seconds, 1e-9),
+            computed_samples_per_second=total_samples / max(train_seconds, 1e-9),
             step_wait_ms_mean=1000.0 * acc.wait_total / max(1, steps), exchange_blocked_ms_mean=blocked,
             staleness_mean=staleness_mean, staleness_max=staleness_max,
             staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,

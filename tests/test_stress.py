@@ -61,6 +61,8 @@ def make_case(index: int) -> dict:
             "max_sleep_ms": rng.choice([0.0, 0.5, 2.0, 5.0]), "epochs": rng.choice([1, 2]),
             "compute_ms": rng.choice([0, 2, 5])}
     case["straggler"] = f"{rng.randrange(workers)}={rng.choice([2, 3])}" if rng.random() < 0.6 else None
+    if not case["compute_ms"]:  # a straggler stretches the injected device time: none to stretch
+        case["straggler"] = None
     case["options"] = _job_options(algo, rng, workers, servers)
     return case
 

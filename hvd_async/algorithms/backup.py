@@ -120,6 +120,11 @@ class BackupSGD(MailboxStrategy):
         else:
             super()._count(answers)
 
+    @property
+    def dropped_gradients(self) -> int:
+        """This worker's pushes dropped as late (the job counts their samples as not applied)."""
+        return self.dropped
+
     def stats(self) -> Dict:
         """Adds ``dropped`` (this worker's pushes dropped as late) and ``dropped_pushes`` (every
         worker's pushes the first shard dropped)."""

@@ -58,6 +58,9 @@ class Strategy(abc.ABC):
     # Steps whose gradients held NaN or infinity and were therefore not applied, counted by the strategy
     # (``self.skipped_nonfinite += 1``): the training job stops after ``--max-nonfinite`` in a row.
     skipped_nonfinite: int = 0
+    # This worker's gradients computed and then not applied by design (backup-sgd's late ones): the job
+    # counts their samples as computed, not applied, in its samples per second.
+    dropped_gradients: int = 0
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: List[Tuple[str, torch.Tensor]],
                  transport, options):
