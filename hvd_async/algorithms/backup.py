@@ -178,12 +178,18 @@ class BackupProgram(MailboxProgram):
         """The active workers whose gradient the update still waits for (none while nothing waits)."""
         return self.active - {m for m, _ in self.accepted} if self.accepted else ()
 
+    def apply_mean(self, kwargs) -> None:
+        """One SGD step (``kwargs``: the last accepted push's) with the mean of the accepted gradients,
+        the division folded into the step."""
+        total, inverse = self.mean.sum_()
+        self.sgd.step_(self.host.weights, [(total, inverse)], self.sgd_state, out=self.scratch, **kwargs)
+
     def maybe_apply(self) -> None:
         """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing)."""
         if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
             return
         workers = [m for m, _ in self.accepted]
-        self.sgd.apply_(self.host.weights, self.mean.mean_(), self.sgd_state, **self.accepted[-1][1].sgd_kwargs())
+        self.apply_mean(self.accepted[-1][1].sgd_kwargs())
         self.host.bump([0] * len(workers), pushes=len(workers))
         self.accepted = []
         for m in workers:

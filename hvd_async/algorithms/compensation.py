@@ -64,8 +64,14 @@ class PushClip:
         return bound / norm if clipped else 1.0
 
 
-def distance_sq(state, step: torch.Tensor, grad: torch.Tensor) -> float:
-    """``||step - grad||^2``, through a scratch tensor of ``state``'s (no temporary: see
+def change_sq(state, term, grad: torch.Tensor, r: float) -> float:
+    """``||r * (grad + term) - grad||^2``, what a step scaled by ``r`` adds to the gradient (``term``
+    None: none), through a scratch tensor of ``state``'s where ``r`` is not 1 (no temporary: see
     DCRule.compensated)."""
-    diff, = state.scratch_diff.take(grad, 1)
-    return float(torch.sub(step, grad, out=diff).norm()) ** 2
+    diff, = state.scratch_diff.take(grad, 1)  # (taken at the first push: the memory does not grow once r departs from 1)
+    if r == 1.0:
+        return 0.0 if term is None else float(term.norm()) ** 2
+    torch.mul(grad, r - 1.0, out=diff)
+    if term is not None:
+        diff.add_(term, alpha=r)
+    return float(diff.norm()) ** 2

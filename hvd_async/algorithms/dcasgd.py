@@ -133,18 +133,15 @@ class DCProgram(MailboxProgram):
         """Whether this push gets the compensation (``compensate``: always, or only where uncovered)."""
         return self.compensate == "always" or self.host.version > self.computed_at(worker, payload)
 
-    def compensated_and_size(self, worker, grad, payload) -> Tuple[torch.Tensor, float]:
-        """:meth:`compensated`, and the squared norm of what it added to the gradient (the workers'
-        stats, TensorBoard ``compensation/``). The norm is taken of the term before it joins the
-        gradient, so measuring costs one reduction and no pass of its own (none where the term is off:
-        the step is then ``grad`` itself, not a copy, for the caller to read and not change).
-        A program whose step is more than gradient + term measures with :func:`distance_sq`."""
+    def compensation(self, worker, grad, payload) -> Tuple[Optional[torch.Tensor], float, float]:
+        """``(term, r, size)``: this push's step is ``r * (grad + term)`` (``term`` None: no term; dc-asgd's
+        ``r`` is 1), and ``size`` the squared norm of what the step adds to the gradient (the workers'
+        stats, TensorBoard ``compensation/``). The norm is taken of the term before it joins the gradient,
+        so measuring costs one reduction and no pass of its own; the step itself is never formed (the
+        SGD step adds each part into the momentum buffer: :meth:`SGDRule.direction_`)."""
         active = self.active_for(worker, payload)
         term = self.rule.term(self.host.weights, grad, self.state, worker, active=active)
-        if term is None:  # the step is the gradient: read where it lies, not copied (on_push scales a copy)
-            return grad, 0.0
-        size = float(term.norm()) ** 2
-        return self.rule.joined(term, grad, self.state), size
+        return term, 1.0, 0.0 if term is None else float(term.norm()) ** 2
 
     def computed_at(self, worker, payload) -> int:
         """The version the worker's gradient stands for. Without the look-ahead, the one it pulled.
@@ -204,26 +201,25 @@ class DCProgram(MailboxProgram):
         self.state.load(tensors_copy(state["rule"]))
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
+        """The push in a fixed few passes over the shard: the term (:meth:`DCRule.term`), then the
+        gradient and the term added straight into the momentum buffer, the look-ahead's sum following
+        the buffer, the weights, the answer (:meth:`SGDRule.step_`)."""
         staleness = self.staleness(worker)
-        step, compensation_sq = self.compensated_and_size(worker, grad, payload)
+        term, scale, compensation_sq = self.compensation(worker, grad, payload)
         if grad_norm is None:
             grad_norm = float(grad.norm())
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         if self.push_clip is not None:  # on the whole gradient's norm (the worker sends it): every shard alike
             whole = payload.grad_norm
-            scale = self.push_clip.scale(whole if whole > 0 else grad_norm)
-            if scale < 1.0:  # into the rule's scratch (the step may be the gradient's inbox slot)
-                step = torch.mul(step, scale, out=self.state.scratch.take(grad, 1)[0])
+            scale *= self.push_clip.scale(whole if whole > 0 else grad_norm)
         kwargs, buffer = payload.sgd_kwargs(), self.buffer(worker)
-        if self.lookahead is not None:
-            self.lookahead.remove(buffer)
-        self.sgd.apply_(self.host.weights, step, buffer, **kwargs)
+        total = None if self.lookahead is None else self.lookahead.total
+        out = self.state.scratch.take(grad, 2)[1]  # free once the term is made (Nesterov's direction)
+        self.sgd.step_(self.host.weights, [(grad, scale), (term, scale)], buffer, total=total, out=out, **kwargs)
         self.host.bump([staleness])
         if self.lookahead is None:
             self.snapshot(worker)
         else:
-            self.lookahead.add(buffer)
             self.snapshot(worker, copy=False)
             self.lookahead.answer(self.host.outbox[worker], self.host.weights, *self.ahead(worker, kwargs))
         self.host.answer(worker, staleness, W.Status.APPLIED)
-

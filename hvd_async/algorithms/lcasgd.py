@@ -9,7 +9,7 @@ import torch
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .compensation import Compensation, PushClipOption, distance_sq
+from .compensation import Compensation, PushClipOption, change_sq
 from .dcasgd import DCASGD, DCPayload, DCProgram
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum
 
@@ -124,14 +124,22 @@ class LCProgram(DCProgram):
             predictor = self.state.predictors[int(worker)] = self.rule.new_predictor()
             predictor.load_state_dict(saved)
 
-    def compensated(self, worker, grad, payload) -> torch.Tensor:
+    def observed(self, worker, payload) -> Tuple[float, int]:
+        """The push's loss and the version its gradient stands for, after the loss joined the worker's
+        history (the loss where the gradient was computed)."""
         loss, version = payload.loss, self.computed_at(worker, payload)
-        self.rule.observe(self.state, worker, version, loss)  # the loss where the gradient was computed
+        self.rule.observe(self.state, worker, version, loss)
+        return loss, version
+
+    def compensated(self, worker, grad, payload) -> torch.Tensor:
+        loss, version = self.observed(worker, payload)
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=version)
 
-    def compensated_and_size(self, worker, grad, payload) -> Tuple[torch.Tensor, float]:
-        """The step, and its squared distance from the gradient: the loss ratio scales the gradient too."""
-        step = self.compensated(worker, grad, payload)
-        return step, distance_sq(self.state, step, grad)
-
+    def compensation(self, worker, grad, payload) -> Tuple[Optional[torch.Tensor], float, float]:
+        """dc-asgd's term on every push, ``r`` from the predicted losses, and the squared distance of
+        the step from the gradient (the loss ratio scales the gradient too)."""
+        loss, version = self.observed(worker, payload)
+        r = self.rule.scale(self.state, worker, loss, self.host.version, version)
+        term = self.rule.term(self.host.weights, grad, self.state, worker)
+        return term, r, change_sq(self.state, term, grad, r)

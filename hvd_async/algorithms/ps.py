@@ -40,7 +40,7 @@ import torch
 
 from ..checkpoint import tensors_copy
 from ..checks import all_finite, norm_if_finite
-from ..rules import SGDRule
+from ..rules import Scratch, SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, finite_grads
@@ -282,6 +282,7 @@ class MailboxProgram(W.ServerProgram):
         self.started = False
         self.sgd = SGDRule()
         self.sgd_state: Dict = {}
+        self.scratch = Scratch()  # the SGD step's direction where it is formed (Nesterov, no momentum), reused
 
     def snapshot(self, worker: int, copy: bool = True, slot: Optional[int] = None) -> None:
         """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``); with

@@ -150,14 +150,12 @@ class SoftSyncProgram(MailboxProgram):
         mean at once: the weights do not move before the aggregate, so each term is what it would be
         then, and the inbox slot is free again."""
         staleness = self.staleness(worker)
-        if self.momentum is not None:
+        if self.momentum is not None:  # the worker's direction (its buffer; the look-ahead's sum follows it)
             kwargs = payload.sgd_kwargs()
             del kwargs["lr"]
-            if self.lookahead is not None:
-                self.lookahead.remove(self.momentum[worker])
-            grad = self.sgd.direction(self.host.weights, grad, self.momentum[worker], **kwargs)
-            if self.lookahead is not None:
-                self.lookahead.add(self.momentum[worker])
+            total = None if self.lookahead is None else self.lookahead.total
+            grad = self.sgd.direction_(self.host.weights, [(grad, 1.0)], self.momentum[worker], total=total,
+                                       out=self.scratch, **kwargs)
         self.mean.add(grad, staleness)
         self.pending.append((worker, payload, staleness))
         self.maybe_apply()
@@ -187,6 +185,17 @@ class SoftSyncProgram(MailboxProgram):
         super().on_leave(worker)
         self.maybe_apply()
 
+    def apply_mean(self, kwargs) -> None:
+        """The aggregate's step: the mean of the running sum at the rate ``kwargs`` give (scaled by the
+        push rate), the division folded into the step; through the shared buffer, or of the workers'
+        directions already through theirs."""
+        total, inverse = self.mean.sum_()
+        if self.momentum is None:
+            self.sgd.step_(self.host.weights, [(total, self.rate * inverse)], self.sgd_state,
+                           out=self.scratch, **kwargs)
+        else:
+            self.host.weights.add_(total, alpha=-self.rate * kwargs["lr"] * inverse)
+
     def maybe_apply(self) -> None:
         """Apply once ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
         if not self.pending or len(self.pending) < max(1, min(self.c, len(self.active))):
@@ -194,13 +203,7 @@ class SoftSyncProgram(MailboxProgram):
         workers = [m for m, _, _ in self.pending]
         staleness = [s for _, _, s in self.pending]
         last = self.pending[-1][1].sgd_kwargs()  # the rate and momentum of the aggregate's step
-        mean = self.mean.mean_()
-        if self.momentum is None:
-            if self.rate != 1.0:
-                mean.mul_(self.rate)
-            self.sgd.apply_(self.host.weights, mean, self.sgd_state, **last)
-        else:
-            self.host.weights.add_(mean, alpha=-self.rate * last["lr"])
+        self.apply_mean(last)
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c

@@ -18,8 +18,10 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 import torch
 
 from ..checks import is_finite_number
-from .base import Rule
+from .base import Rule, Scratch
 from .sgd import SGDRule
+
+_ZERO = torch.zeros(())  # the 0 that addcmul/addcdiv add to, so that each is a product in one pass
 
 
 def check_compensation(lam, adaptive, ms_momentum) -> None:
@@ -87,10 +89,12 @@ class DCRule(Rule):
         if backup.dtype != weights.dtype:  # an fp16 outbox slot: widened here, not into a temporary
             backup = step.copy_(backup)
         torch.sub(weights, backup, out=step)  # the drift
-        step.mul_(grad).mul_(grad)
-        if self.adaptive:  # lam / sqrt(MS + eps)
-            step.div_(torch.add(state.mean_square, self.eps, out=work).sqrt_())
-        return step.mul_(self.lam)
+        step.mul_(grad)
+        if not self.adaptive:  # lam * g * (g * drift), one pass
+            return torch.addcmul(_ZERO, step, grad, value=self.lam, out=step)
+        torch.add(state.mean_square, self.eps, out=work).sqrt_()
+        step.mul_(grad)  # lam * (g * g * drift) / sqrt(MS + eps), one pass
+        return torch.addcdiv(_ZERO, step, work, value=self.lam, out=step)
 
     @staticmethod
     def joined(term, grad, state) -> torch.Tensor:
@@ -103,21 +107,6 @@ class DCRule(Rule):
         step = self.compensated(weights, grad, state, worker)
         return self._sgd.apply_(weights, step, state.sgd, lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
-
-
-class Scratch:
-    """Temporaries shaped as a given tensor, made at the first :meth:`take` (or again when its shape or
-    dtype changes) and reused push after push: a server allocates nothing per push."""
-
-    def __init__(self):
-        self.held: List[torch.Tensor] = []
-
-    def take(self, like: torch.Tensor, count: int) -> List[torch.Tensor]:
-        """``count`` tensors shaped as ``like`` (their contents are the last user's)."""
-        held = self.held
-        if len(held) < count or held[0].shape != like.shape or held[0].dtype != like.dtype:
-            held = self.held = [torch.empty_like(like) for _ in range(count)]
-        return held[:count]
 
 
 @dataclasses.dataclass

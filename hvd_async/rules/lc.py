@@ -165,6 +165,11 @@ class LCRule(Rule):
         state.scale_calls += 1
         return r
 
+    def term(self, weights, grad, state, worker: int) -> Optional[torch.Tensor]:
+        """:meth:`DCRule.term` (every push compensated): the step is ``r * (g + term)``, ``r`` from
+        :meth:`scale`; a server adds both parts into its momentum buffer without forming the step."""
+        return self._dc.term(weights, grad, state, worker)
+
     def compensated(self, weights, grad, state, worker: int, *, loss: Optional[float],
                     version_now: int, version_pulled: Optional[int] = None) -> torch.Tensor:
         """``r * (g + lam_t * g * g * (w - w_bak(worker)))`` as a new tensor."""

@@ -53,15 +53,27 @@ class RunningMean:
         self.count = 0
 
     def add(self, grad: torch.Tensor, staleness: int = 0) -> None:
-        if self.count == 0:
-            self.total.zero_()
-        _fold_(self.total, grad, staleness, self.scale)
+        if self.count == 0:  # the first term written, not added to zeros (one pass less, the same bits)
+            factor = 1.0 / staleness_divisor(staleness) if self.scale else 1.0
+            if factor == 1.0:
+                self.total.copy_(grad)
+            else:
+                torch.mul(grad, factor, out=self.total)
+        else:
+            _fold_(self.total, grad, staleness, self.scale)
         self.count += 1
+
+    def sum_(self):
+        """``(total, 1 / count)``: the sum of the gradients added since the last call and the factor that
+        makes it their mean, for a caller that folds the factor into its own step (no pass of its own);
+        the next ``add`` starts a new sum."""
+        if not self.count:
+            raise ValueError("no gradient was added since the last mean")
+        count, self.count = self.count, 0
+        return self.total, 1.0 / count
 
     def mean_(self) -> torch.Tensor:
         """The mean of the gradients added since the last call (``total``, divided in place)."""
-        if not self.count:
-            raise ValueError("no gradient was added since the last mean")
-        self.total.div_(self.count)
-        self.count = 0
-        return self.total
+        count = self.count
+        total, _ = self.sum_()
+        return total.div_(count)
