@@ -137,12 +137,15 @@ def main(argv, train_worker) -> int:
     import torch
 
     # every rank's share of its node's cores (collective; the servers' rules do tensor math too)
-    threads = world.allgather(ha.runtime.threads_per_rank())
+    mine = ha.runtime.threads_per_rank()
+    if ha.is_server() and job.server_threads is not None:  # --server-threads
+        mine = job.server_threads
+    threads = world.allgather(mine)
     torch.set_num_threads(threads[world.rank])
     if world.rank == ha.num_servers():  # worker 0
         say(f"torch threads per rank (world ranks 0..{world.size - 1}, servers first): {' '.join(map(str, threads))}")
     if ha.is_server():
-        report = ha.serve(worker_timeout=job.worker_timeout)
+        report = ha.serve(worker_timeout=job.worker_timeout, threads=threads[world.rank])
         for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
             hist = ", ".join(f"{tau}: {n}" for tau, n in enumerate(shard.staleness_hist) if n)
             say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "

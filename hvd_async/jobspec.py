@@ -116,6 +116,10 @@ class JobOptions:
         None, "a worker that makes no progress for this long is named: parameter-server algorithms go on "
         "without it (the job then ends with exit status 4 after writing its results); the others stop "
         "with exit status 5 (which --max-restarts relaunches)", flag="--worker-timeout", metavar="SECONDS")
+    server_threads: Optional[int] = option(
+        None, "torch threads each parameter-server rank runs its rule on (default: the rank's share of its "
+        "node's cores, as every rank's; a server on a node of its own can take them all)",
+        flag="--server-threads", metavar="N")
     max_nonfinite: int = option(
         20, "stop (with a checkpoint of the last good state) after K gradients in a row held NaN or infinity "
         "on a worker; none is ever applied (0: never stop)", flag="--max-nonfinite", metavar="K")
@@ -147,6 +151,9 @@ class JobOptions:
             raise ValueError(f"image_size must be >= 1, got {self.image_size}")
         if self.worker_timeout is not None and not 0 < self.worker_timeout < math.inf:
             raise ValueError(f"worker_timeout must be a number of seconds > 0, got {self.worker_timeout}")
+        if self.server_threads is not None and self.server_threads < 1:
+            raise ValueError(f"server_threads must be >= 1 (or unset: the rank's share of its node's cores), "
+                             f"got {self.server_threads}")
         if self.max_nonfinite < 0:
             raise ValueError(f"max_nonfinite must be >= 0 (0: never stop), got {self.max_nonfinite}")
         self._check_files()

@@ -305,7 +305,8 @@ def worker_comm():
 
 
 def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
-          worker_timeout: Optional[float] = None, spin_yield: Optional[bool] = None) -> server.ServerReport:
+          worker_timeout: Optional[float] = None, spin_yield: Optional[bool] = None,
+          threads: Optional[int] = None) -> server.ServerReport:
     """Run the server loop until every worker has finished (see :mod:`hvd_async.server`).
 
     Args:
@@ -318,7 +319,14 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
             server's CPUs than there are CPUs (:func:`oversubscribed`), as MPI libraries do in their
             own waits. A server that yields while a worker's gradient comes in over TCP receives it
             several times slower (the guide's cluster section).
+        threads: torch's intra-op threads the server programs' rules run on (a push of a large shard is
+            split across them). None (default): this rank's share of its node's cores
+            (:func:`threads_per_rank`). A server on a node of its own gets every core; where it shares
+            the node with busy workers, each thread it runs is taken from them.
     """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"serve(): threads must be an integer >= 1 (torch's threads for the servers' rules) or "
+                         f"None (this rank's share of its node's cores), got {threads!r}")
     for name, value in (("poll_interval", poll_interval), ("spin_seconds", spin_seconds),
                         ("worker_timeout", worker_timeout)):
         if value is None and name == "worker_timeout":
@@ -333,6 +341,9 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
     rt = _runtime()
     if rt.role is not Role.SERVER:
         raise RuntimeError(f"serve() is for server processes; this is worker {rt.group.rank}")
+    import torch
+
+    torch.set_num_threads(threads_per_rank() if threads is None else threads)
     try:
         report = server.run(rt.ctrl, worker_ranks(), poll_interval=poll_interval, spin_seconds=spin_seconds,
                             win_comm=rt.win_comm, worker_timeout=worker_timeout,

@@ -139,3 +139,12 @@ def test_train_help_says_what_and_shows_examples_before_the_options(capsys, monk
         else:
             assert argv[:2] == ["hvd-async", "train"], argv
             config.launch_options(config.parse(argv[2:]), _validate(argv[2:]))
+
+
+def test_server_threads_is_a_job_option_checked_at_construction():
+    from hvd_async.jobspec import JobOptions
+
+    assert JobOptions().server_threads is None  # the rank's share of its node's cores
+    assert JobOptions(server_threads=3).server_threads == 3
+    with pytest.raises(ValueError, match="server_threads must be >= 1"):
+        JobOptions(server_threads=0)
