@@ -13,10 +13,12 @@ MODES = {"shm": False, "no-shm": True}
 
 
 @pytest.mark.parametrize("np,servers,mode", [
-    (2, 1, "shm"), (3, 1, "no-shm"), (3, 2, "shm"), (4, 1, "shm"), (4, 2, "no-shm"),
+    (2, 1, "shm"), (3, 1, "no-shm"), (3, 1, "shm"), (3, 2, "shm"), (4, 1, "shm"), (4, 1, "no-shm"), (4, 2, "no-shm"),
     (5, 1, "no-shm"), (5, 2, "shm"),
 ])
 def test_parameter_server_checks(np, servers, mode):
+    """The servers' fused rules against float64 replays (dc_formula, lc_formula, equivalences) at 2 and 3
+    workers with shared memory on and off, among the rest."""
     result = mpirun(np, python("tests/mpi/ps_checks.py"), no_shm=MODES[mode], env={"SERVERS": str(servers)},
                     timeout=300)
     assert result.returncode == 0, result.out[-6000:]
