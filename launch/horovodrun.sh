@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # When to use: you already launch Horovod jobs with horovodrun, on one host or several over ssh.
 #   one host:       NP=4 launch/horovodrun.sh --algo ssgd --epochs 10
-#   several hosts:  NP=9 HOSTS=node1:5,node2:4 launch/horovodrun.sh --config launch/presets/dc-asgd.yaml --servers 1
+#   several hosts:  NP=9 HOSTS=node1:5,node2:4 launch/horovodrun.sh --config dc-asgd --servers 1
 #   a hostfile:     NP=8 HOSTFILE=hosts launch/horovodrun.sh ...   (lines "node1 slots=4", as mpirun's)
 #   your script:    PROGRAM="python train.py" NP=4 launch/horovodrun.sh --my-flag
 # Device: the reference job gets --device "${DEVICE:-auto}": one GPU per worker where the processes

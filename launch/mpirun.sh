@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # When to use: a cluster you reach over ssh with OpenMPI and a hostfile listing the nodes
 # (launch/hostfile.example), when you want to choose where the parameter servers run.
-#   HOSTFILE=hosts NP=10 launch/mpirun.sh --config launch/presets/dc-asgd.yaml --servers 2
+#   HOSTFILE=hosts NP=10 launch/mpirun.sh --config dc-asgd --servers 2
 #   HOSTFILE=hosts NP=10 PLACE=packed launch/mpirun.sh --algo asgd --servers 2 --dataset cifar10 --data-dir /data/cifar --model resnet18
 #   your script:  PROGRAM="python train.py" HOSTFILE=hosts NP=8 launch/mpirun.sh --my-flag
 #

@@ -284,6 +284,40 @@ def test_slurm_recipe_picks_pmix_from_srun_and_cores_from_slurm(tmp_path):
     assert "--exclusive" in directives and not any(d.startswith("--cpus-per-task") for d in directives), directives
 
 
+def test_slurm_recipe_run_directly_submits_itself_shaped_by_variables(tmp_path):
+    """Outside a job the recipe submits itself: NODES, GPUS_PER_NODE, TASKS_PER_NODE, CPUS_PER_TASK and
+    SBATCH_ARGS become sbatch options; EXCLUSIVE=0 submits a copy without the --exclusive line (sbatch's
+    own options cannot take it back). A fake sbatch prints its options and the script's #SBATCH lines."""
+    sbatch = 'for a in "$@"; do case $a in -*) echo "$a" ;; *) grep "^#SBATCH" "$a"; break ;; esac; done'
+    env = _fakes(tmp_path, sbatch=sbatch)
+    out = _recipe("slurm.sbatch", env, "--config", "ssgd")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4"], lines  # as the #SBATCH lines
+    assert "#SBATCH --exclusive" in lines, lines
+    out = _recipe("slurm.sbatch", dict(env, NODES="1", GPUS_PER_NODE="0", EXCLUSIVE="0", CPUS_PER_TASK="2",
+                                       SBATCH_ARGS="--partition=cpu --time=00:10:00"))
+    lines = out.stdout.splitlines()
+    assert lines[:6] == ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=2",
+                         "--partition=cpu", "--time=00:10:00"], lines
+    assert not any("exclusive" in line for line in lines) and "#SBATCH --job-name=hvd_async" in lines, lines
+    assert _recipe("slurm.sbatch", dict(env, GPUS_PER_NODE="8", TASKS_PER_NODE="9")).stdout.splitlines()[:3] == [
+        "--nodes=2", "--ntasks-per-node=9", "--gpus-per-node=8"]
+    bad = _recipe("slurm.sbatch", dict(env, EXCLUSIVE="yes"))
+    assert bad.returncode == 2 and "EXCLUSIVE must be 1 (whole nodes) or 0 (shared nodes)" in bad.stderr
+
+
+def test_slurm_recipe_runs_the_users_program(tmp_path):
+    """Inside the job PROGRAM replaces the reference job; it gets the recipe's arguments and no --device."""
+    env = dict(_sbatch_env(tmp_path, "pmix"), PYTHON="false")  # (the reference job's import check: not run)
+    out = _recipe("slurm.sbatch", dict(env, PROGRAM="python3 my train.py"), "--my-flag", "7")
+    assert out.returncode == 0 and not out.stderr, (out.stdout, out.stderr)
+    words = out.stdout.split()
+    assert words[words.index("--cpu-bind=none") + 1:] == ["python3", "my", "train.py", "--my-flag", "7"], words
+    words = _recipe("slurm.sbatch", dict(env, PYTHON="true", DEVICE="cuda")).stdout.split()
+    assert words[words.index("--device") + 1] == "cuda", words
+
+
 def test_kubeflow_manifest_matches_the_image():
     import yaml
 
@@ -296,16 +330,31 @@ def test_kubeflow_manifest_matches_the_image():
     np_ = int(args[args.index("-np") + 1])
     assert np_ == specs["Worker"]["replicas"] * job["spec"]["slotsPerWorker"]
     assert args[args.index("--np") + 1] == str(np_)  # the job checks its --np against the MPI world
-    assert "hvd_async.train" in args and "ucx" in args
+    assert "ucx" in args
     preset = args[args.index("--config") + 1]
-    assert preset.startswith("/opt/hvd_async/src/") and os.path.exists(
-        os.path.join(ROOT, preset[len("/opt/hvd_async/src/"):]))  # the image's WORKDIR holds the checkout
+    assert preset in __import__("hvd_async.config", fromlist=["preset_names"]).preset_names()  # packaged
     users = [a for w, a in _instructions(_read("Dockerfile")) if w == "USER"]
     for spec in (launcher, worker):
         assert spec["securityContext"]["runAsUser"] == int(users[-1].split(":")[0])
     assert job["spec"]["sshAuthMountPath"] == "/home/hvd/.ssh"
     assert worker["containers"][0]["command"][-1] == "/home/hvd/.sshd_config"
     assert "/home/hvd/.sshd_config" in _read("Dockerfile")
+
+
+def test_kubeflow_manifest_runs_the_program_in_its_env(tmp_path):
+    """Every rank runs the launcher env's PROGRAM (passed on with -x) with the flags after it: the reference
+    job as shipped, a user's script where PROGRAM names one (the rank's shell line run here with echo)."""
+    job, launcher, _ = _mpijob()
+    args = launcher["args"]
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    assert env["PROGRAM"] == "python -m hvd_async.train" and args[args.index("PROGRAM") - 1] == "-x"
+    shell = args.index("/bin/sh")
+    flags = args[shell + 4:]
+    for program, expected in (("echo python -m hvd_async.train", "python -m hvd_async.train"),
+                              ("echo python /data/my train.py", "python /data/my train.py")):
+        ran = subprocess.run(args[shell:shell + 4] + flags, env={"PROGRAM": program, "PATH": os.environ["PATH"]},
+                             capture_output=True, text=True, timeout=30)
+        assert ran.stdout.strip() == " ".join([expected, *flags]), (ran.stdout, ran.stderr)
 
 
 def _mpijob():

@@ -164,6 +164,11 @@ def _sbatch(slurm, *args, timeout: float = 300):
     out = os.path.join(slurm["dir"], "jobs", "job-%j.out")
     submit = subprocess.run(["sbatch", "--parsable", f"--output={out}", *args], cwd=ROOT, env=slurm["env"],
                             capture_output=True, text=True, timeout=60)
+    return _ended(slurm, submit, out, timeout)[:3]
+
+
+def _ended(slurm, submit, out: str, timeout: float):
+    """(state, exit code, output, ``scontrol show job``) of the job ``submit`` (sbatch --parsable) started."""
     assert submit.returncode == 0, submit.stderr
     job = submit.stdout.strip().split(";")[0]
     deadline = time.time() + timeout
@@ -179,7 +184,7 @@ def _sbatch(slurm, *args, timeout: float = 300):
         time.sleep(1)
     with open(out.replace("%j", job)) as f:
         text = f.read()
-    return state.group(1), re.search(r"ExitCode=(\S+)", show).group(1), text
+    return state.group(1), re.search(r"ExitCode=(\S+)", show).group(1), text, show
 
 
 def _threads(text: str):
@@ -212,3 +217,45 @@ def test_the_recipe_says_when_the_environment_is_not_there(slurm):
                                 "--cpus-per-task=1", SBATCH, "--epochs", "1", timeout=120)
     assert state == "FAILED" and code == "2:0", (state, code, text)
     assert "slurm.sbatch: error:" in text and "--export=ALL" in text, text
+
+
+USER_SCRIPT = """
+import sys
+
+import torch
+import hvd_async as ha
+
+ha.init(servers=1, serve=True)  # the server rank serves here until the workers finish
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                              named_parameters=model.named_parameters(), algorithm="asgd")
+x = torch.randn(64, 4)
+y = x.sum(1, keepdim=True)
+for step in range(50):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+sys.stdout.write(f"USER SCRIPT worker {ha.rank()} of {ha.size()}, args {sys.argv[1:]}, loss {loss.item():.4f}\\n")
+"""
+
+
+def test_the_recipe_runs_the_users_script_shaped_by_its_variables(slurm, tmp_path):
+    """The recipe run as a user runs it (it submits itself): their own asgd script in PROGRAM, with the
+    arguments given after the recipe's name; one node, no GPU, shared (EXCLUSIVE=0), 3 tasks of 1 CPU."""
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    out = os.path.join(slurm["dir"], "jobs", "user-%j.out")
+    env = dict(slurm["env"], PROGRAM=f"python {script}", NODES="1", GPUS_PER_NODE="0", TASKS_PER_NODE="3",
+               EXCLUSIVE="0", CPUS_PER_TASK="1", SBATCH_ARGS=f"--parsable --output={out}")
+    submit = subprocess.run(["bash", SBATCH, "--lr-note", "x y"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    state, code, text, show = _ended(slurm, submit, out, 300)
+    assert (state, code) == ("COMPLETED", "0:0"), text[-4000:]
+    lines = sorted(line for line in text.splitlines() if line.startswith("USER SCRIPT"))
+    assert [line.split(", loss")[0] for line in lines] == [
+        f"USER SCRIPT worker {w} of 2, args ['--lr-note', 'x y']" for w in (0, 1)], text[-3000:]
+    assert all(float(line.rsplit(" ", 1)[1]) < 1.0 for line in lines), lines  # (it trained: 4 at the start)
+    assert re.search(r"NumNodes=1 NumCPUs=3 NumTasks=3 ", show) and "OverSubscribe=OK" in show, show
+    assert "hvd_async.train" not in text, text[-3000:]
