@@ -15,9 +15,10 @@ get one server rank on top of the workers. Settings (``--settings``):
 The criterion, fixed before the runs: in every setting, an algorithm **passes** when its mean final
 test accuracy over the seeds is at least ssgd's mean minus ``--margin`` (1 point) and no run
 diverged (final train loss not finite, or final test accuracy below ``--diverged-below``, 0.5).
-Beside the verdict: each run's final accuracy and loss, and the wall seconds until its test
+Beside the verdict: each run's final accuracy and loss, and the seconds until its test
 accuracy first reached ssgd's mean final accuracy minus the margin (None: never, within the
-epochs). ``--flags`` adds flags to every run but ssgd's (ablations: ``--flags="--push-rate full"``).
+epochs): the training clock at the first evaluation that did (a job with ``--evals-per-epoch K``
+evaluates K times an epoch; records from before the evaluations list: wall seconds at epoch ends). ``--flags`` adds flags to every run but ssgd's (ablations: ``--flags="--push-rate full"``).
 
 Results are written after every run (a rerun with the same ``--out`` skips the runs already in it,
 ``--fresh`` starts over), as JSON with its provenance and a plot, in benchmarks/results/.
@@ -37,6 +38,7 @@ import time
 
 from common import HERE, apply_quick, pyplot, quick_help, train_job, write_record
 from hvd_async import registry
+from hvd_async.metrics import accuracy_curve, time_to_target as time_to
 
 ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd",
               "backup-sgd")
@@ -120,7 +122,7 @@ def run_one(args, setting, algo, seed) -> dict:
     except (SystemExit, Exception) as failure:  # a failed or hung run is a result, not the end of the study
         return {"setting": setting, "algo": algo, "seed": seed, "failed": str(failure)[-500:],
                 "flags": list(map(str, flags)), "seconds": round(time.time() - start, 1)}
-    curve = [(h["wall_seconds"], h["test_accuracy"]) for h in record["history"]]
+    curve = accuracy_curve(record)
     return {"setting": setting, "algo": algo, "seed": seed, "flags": list(map(str, flags)),
             "final_test_accuracy": record["final_test_accuracy"], "final_train_loss": record["final_train_loss"],
             "wall_seconds": record["wall_seconds"], "samples_per_second": record.get("samples_per_second"),
@@ -134,14 +136,6 @@ def diverged(run, args) -> bool:
         return True
     loss = run["final_train_loss"]
     return loss is None or not math.isfinite(loss) or run["final_test_accuracy"] < args.diverged_below
-
-
-def time_to(curve, target):
-    """Wall seconds at the first epoch whose test accuracy reached ``target`` (None: none did)."""
-    for seconds, accuracy in curve:
-        if accuracy >= target:
-            return seconds
-    return None
 
 
 def summarize(args, runs) -> dict:

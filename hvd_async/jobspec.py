@@ -123,6 +123,10 @@ class JobOptions:
     max_nonfinite: int = option(
         20, "stop (with a checkpoint of the last good state) after K gradients in a row held NaN or infinity "
         "on a worker; none is ever applied (0: never stop)", flag="--max-nonfinite", metavar="K")
+    evals_per_epoch: int = option(
+        1, "evaluate the held-out split at K evenly spaced points of each epoch (the last at its end); "
+        "their time is kept off the training clock (train_seconds) and recorded, and time to target is "
+        "read at them (the metrics' evaluations)", flag="--evals-per-epoch", metavar="K")
     progress: str = option(
         "auto", f"progress inside an epoch on worker 0: auto (a bar on a terminal, elsewhere a line every "
         f"{LINE_EVERY:g} s: samples, samples/s, loss), bar, or epochs (off: only the per-epoch lines)",
@@ -132,7 +136,7 @@ class JobOptions:
         for name, choices in (("dataset", DATASETS), ("model", MODELS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of: {', '.join(choices)}")
-        for name in ("epochs", "batch_size", "keep_checkpoints"):
+        for name in ("epochs", "batch_size", "keep_checkpoints", "evals_per_epoch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -232,5 +236,5 @@ class JobSpec:
                 "servers": self.layout.servers, "dataset": job.dataset, "evaluated_on": job.eval_on,
                 "model": job.model, "epochs": job.epochs, "batch_size": job.batch_size, "lr": job.lr,
                 "seed": job.seed, "compute_ms": job.compute_ms, "delay_dist": job.delay_dist,
-                "delay_shape": job.delay_shape,
+                "delay_shape": job.delay_shape, "evals_per_epoch": job.evals_per_epoch,
                 "stragglers": {str(k): v for k, v in job.stragglers.items()}}

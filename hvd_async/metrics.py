@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,21 @@ def pooled_staleness(stats: dict, comm) -> np.ndarray:
     return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
 
 
+def accuracy_curve(record: Dict) -> List[Tuple[float, float]]:
+    """(seconds, held-out accuracy) at each of the run's evaluations: the training clock at every
+    ``--evals-per-epoch`` point (``record["evaluations"]``); a record older than that list gives the
+    wall seconds at each epoch's end."""
+    if "evaluations" in record:
+        return [(e["train_seconds"], e["test_accuracy"]) for e in record["evaluations"]]
+    return [(h["wall_seconds"], h["test_accuracy"]) for h in record["history"]]
+
+
+def time_to_target(curve: Sequence[Tuple[float, float]], target: float) -> Optional[float]:
+    """The seconds of ``curve`` (:func:`accuracy_curve`) at the first evaluation at or above ``target``
+    (None: never reached)."""
+    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+
+
 def print_result(spec, record: Dict, *, simulated: bool = False) -> None:
     """The job's last lines on stdout (``spec``: the :class:`~hvd_async.jobspec.JobSpec`): the result,
     and where the metrics file went."""
@@ -87,6 +102,7 @@ class RunMetrics:
     def __init__(self, info: Dict, *, logdir: Optional[str] = None, reporter: bool = True):
         self.info = dict(info)
         self.history: List[Dict] = []
+        self.evaluations: List[Dict] = []  # every held-out evaluation, on the training clock
         self.reporter = reporter
         self.start = time.perf_counter()
         self.writer = None
@@ -140,6 +156,12 @@ class RunMetrics:
         self.per_worker("time/exchange_wait_ms_per_step", worker_exchange_wait_ms, epoch)
         return entry
 
+    def evaluation(self, epoch: int, at: float, accuracy: float, *, train_seconds: float, seconds: float) -> None:
+        """Record one held-out evaluation: at fraction ``at`` of ``epoch`` (1.0: its end), after
+        ``train_seconds`` of training (the training clock: evaluations are not on it), taking ``seconds``."""
+        self.evaluations.append({"epoch": epoch, "at": round(at, 6), "train_seconds": round(train_seconds, 6),
+                                 "test_accuracy": accuracy, "eval_seconds": round(seconds, 6)})
+
     def server(self, epoch: int, *, pushes: int, seconds: float, stats: Dict, compensation=None) -> Dict[str, float]:
         """The parameter servers' scalars for one epoch (:data:`SERVER_TAGS`): pushes applied per
         second of this epoch's training (``pushes``: the running count, ``opt.progress()``), the
@@ -184,6 +206,7 @@ class RunMetrics:
         record = dict(self.info)
         record.update(final)
         record["history"] = self.history
+        record["evaluations"] = self.evaluations
         if self.writer is not None:
             self.writer.close()
         if self.reporter and path:

@@ -67,6 +67,7 @@ class Counters:
 
     def new_epoch(self) -> None:
         self.epoch_steps = self.epoch_samples = self.epoch_dropped = 0  # (dropped: samples of gradients not applied)
+        self.epoch_evals = 0  # --evals-per-epoch: the points inside this epoch evaluated so far
         self.epoch_wait = self.epoch_compute = self.epoch_seconds = self.loss_sum = 0.0
 
 
@@ -145,6 +146,7 @@ class WorkerLoop:
                           {"epoch": saved_job["epoch"], "next_checkpoint": saved_job["next_checkpoint"]})
         if self.reporter:
             self.metrics.history[:] = job["history"]
+            self.metrics.evaluations[:] = job.get("evaluations", [])
             self.metrics.start -= job["elapsed"]
             say(f"resumed from {path}: epoch {job['epoch']}, {self.opt.progress()} updates so far")
         job["next_checkpoint"] = (self._count() // self.every + 1) * self.every
@@ -166,7 +168,8 @@ class WorkerLoop:
                     "last_epoch": self.source.last_epoch}
 
         if self.reporter:
-            self.job.update(history=self.metrics.history, elapsed=self.metrics.elapsed(),
+            self.job.update(history=self.metrics.history, evaluations=self.metrics.evaluations,
+                            elapsed=self.metrics.elapsed(),
                             staleness_seen=self.staleness_seen.tolist())
         return self.saver.save(progress, folder, part, self.job if self.reporter else None)
 
@@ -182,20 +185,25 @@ class WorkerLoop:
             return x, y
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def _pause_reason(self):
-        """Why this worker leaves its loop before the epoch ends ("checkpoint", "nonfinite") or None.
+    def _pause_reason(self, epoch: int):
+        """Why this worker leaves its loop before the epoch ends ("checkpoint", "nonfinite", "evaluate")
+        or None.
 
         With parameter servers each worker decides alone (the others join at their own pause or epoch
         end: nobody waits inside an epoch; a worker whose every push is refused would never see its
-        epoch end); synchronous algorithms decide at the same steps, together.
+        epoch end); synchronous algorithms decide at the same steps, together. An evaluation point is
+        a fraction of the epoch as :meth:`_epoch_fraction` reads it, a count every worker sees grow
+        alike (the servers' pushes, the shared cursor, or each worker's own steps of equal shares):
+        every worker reaches it, so none waits forever for another's pause.
         """
         acc, limit = self.acc, self.options.max_nonfinite
         due = self.saver is not None and self.unit == "steps" and self._count() >= self.job["next_checkpoint"]
+        evaluate = "evaluate" if self._eval_point(epoch) > acc.epoch_evals else None
         if self.uses_servers:
             if limit and acc.streak >= limit:
                 return "nonfinite"
-            return "checkpoint" if due else None
-        reason = "checkpoint" if due else None
+            return "checkpoint" if due else evaluate
+        reason = "checkpoint" if due else evaluate
         if limit and acc.steps % NONFINITE_CHECK_EVERY == 0 and self.comm.allreduce(int(acc.streak >= limit),
                                                                                      op=self.host.MAX):
             reason = "nonfinite"
@@ -243,7 +251,7 @@ class WorkerLoop:
             if progress is not None:
                 progress.update(epoch, self._epoch_fraction(epoch), samples=acc.epoch_samples,
                                 loss=lambda: float(self.loss_sum) / acc.epoch_steps)
-            reason = self._pause_reason()
+            reason = self._pause_reason(epoch)
             host.beat()
         acc.epoch_seconds += clock() - segment_start
         acc.loss_sum = float(self.loss_sum)
@@ -261,6 +269,15 @@ class WorkerLoop:
         if source.shared is not None:
             return source.shared.claimed / source.shared.num_samples - (epoch - 1)
         return self.opt.progress() / source.global_steps - (epoch - 1)
+
+    def _eval_point(self, epoch: int) -> int:
+        """How many of ``--evals-per-epoch`` K's points inside ``epoch`` (at 1/K, 2/K, ... of it; its end
+        is evaluated anyway) this worker has seen the job pass."""
+        per_epoch = self.options.evals_per_epoch
+        if per_epoch == 1:
+            return 0
+        fraction = self._epoch_fraction(epoch)
+        return 0 if fraction >= 1.0 else min(per_epoch - 1, int(fraction * per_epoch))
 
     def _agree(self, reason: str):
         """The workers left their loops for their own reasons (asynchronous ones see progress at
@@ -282,13 +299,14 @@ class WorkerLoop:
 
     def _end_epoch(self, epoch: int) -> None:
         """Collective: evaluate, reduce the epoch's figures; worker 0 records and prints them."""
-        from .metrics import evaluate_accuracy, pooled_staleness
+        from .metrics import pooled_staleness
 
         acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
         steps = max(1, acc.epoch_steps)
         acc.samples += acc.epoch_samples
         acc.dropped_samples += acc.epoch_dropped
         acc.train_seconds += acc.epoch_seconds
+        trained = acc.train_seconds
         acc.wait_total += acc.epoch_wait
         stats = self.stats = opt.stats()
         if not self.host.server_time:
@@ -303,19 +321,35 @@ class WorkerLoop:
         applied = acc.epoch_samples - acc.epoch_dropped
         rates = comm.gather(applied / acc.epoch_seconds if acc.epoch_seconds > 0 else 0.0, root=0)
         dropped = comm.allreduce(acc.epoch_dropped)
-        self.host.beat()
-        accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, workers, comm, self.device)
-        self.host.beat()
+        accuracy, train_clock = self._evaluate(epoch, 1.0, trained)
         waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
         staleness = pooled_staleness(stats, comm)
         timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
         self.batch_sizes = comm.gather(stats.get("batch_size", self.options.batch_size), root=0)
         if self.reporter:
             self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds, dropped)
+            self.metrics.history[-1]["train_seconds"] = round(train_clock, 6)
         self.staleness_seen = staleness
         self.blocked_before = stats.get("exchange_wait_seconds")
         acc.new_epoch()
         self.loss_sum.zero_()
+
+    def _evaluate(self, epoch: int, at: float, trained: float):
+        """Collective: the held-out accuracy at fraction ``at`` of ``epoch``, off the training clock
+        (``trained``: this worker's training seconds so far; the clock is their maximum over the
+        workers). Worker 0 records it with the evaluation's own time. Returns (accuracy, clock)."""
+        from .metrics import evaluate_accuracy
+
+        comm, host = self.comm, self.host
+        host.beat()
+        start = host.clock()
+        accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, self.workers, comm, self.device)
+        took = comm.allreduce(host.clock() - start, op=host.MAX)
+        clock = comm.allreduce(trained, op=host.MAX)
+        host.beat()
+        if self.reporter:
+            self.metrics.evaluation(epoch, at, accuracy, train_seconds=clock, seconds=took)
+        return accuracy, clock
 
     def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds, dropped) -> None:
         metrics, options = self.metrics, self.options
@@ -367,10 +401,16 @@ class WorkerLoop:
             host.beat()
             if nonfinite:
                 self._stop_nonfinite(epoch, progress)
+            point = (0 if ended or self.options.evals_per_epoch == 1
+                     else self.comm.allreduce(self._eval_point(epoch), op=host.MAX))
             if ended:
                 self._end_epoch(epoch)
                 epoch += 1
                 self.job["epoch"] = epoch
+            elif point > self.acc.epoch_evals:  # the furthest point any worker passed: one evaluation
+                self.acc.epoch_evals = point
+                self._evaluate(epoch, point / self.options.evals_per_epoch,
+                               self.acc.train_seconds + self.acc.epoch_seconds)
             if self._checkpoint_due(ended, pause, epoch, progress):
                 host.beat()
                 path = self.save_checkpoint(progress)
@@ -405,6 +445,7 @@ class WorkerLoop:
         record = dict(
             steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"] if self.reporter else None,
             final_train_loss=self.train_loss, wall_seconds=None, train_seconds=round(train_seconds, 6),
+            eval_seconds=round(sum(e["eval_seconds"] for e in metrics.evaluations), 6),
             samples=total_samples, samples_applied=applied_samples,
             dropped_gradients=dropped_gradients,
             samples_per_second=applied_samples / max(train_seconds, 1e-9),

@@ -76,6 +76,7 @@ TRAIN = [
      "draws each step's device time around --compute-ms, and --compute-ms is 0; give --compute-ms MS > 0"),
     ("delay-shape-pareto", ["--compute-ms", "20", "--delay-dist", "pareto", "--delay-shape", "1"], "--delay-shape 1.0",
      "pareto's alpha must be > 1"),
+    ("evals-per-epoch-range", ["--evals-per-epoch", "0"], "0", "--evals-per-epoch must be >= 1"),
     ("backward-passes", ["--backward-passes-per-step", "0"], "0", "--backward-passes-per-step must be an integer >= 1"),
     ("lam-inf", ["--algo", "dc-asgd", "--lam", "inf"], "inf", "--lam must be a number >= 0 and finite"),
     # another algorithm's option: refused as the Python API refuses it (the job dropped it without a word)

@@ -28,3 +28,62 @@ def test_an_algorithm_that_drops_nothing_applies_every_sample():
     assert record["dropped_gradients"] == 0 and record["samples_applied"] == record["samples"]
     assert record["samples_per_second"] == record["computed_samples_per_second"]
     assert all(h["dropped_samples"] == 0 for h in record["history"])
+
+
+def test_k_evaluations_per_epoch_are_recorded_on_the_training_clock():
+    """--evals-per-epoch 4: four evaluations an epoch, at a quarter, half, three quarters and the end,
+    each with the training clock; ssgd trains exactly as with one (the pauses change no step)."""
+    once = run("--algo", "ssgd", "--workers", "3")
+    record = run("--algo", "ssgd", "--workers", "3", "--evals-per-epoch", "4")
+    points = [(e["epoch"], e["at"]) for e in record["evaluations"]]
+    assert points == [(epoch, at) for epoch in (1, 2) for at in (0.25, 0.5, 0.75, 1.0)]
+    clock = [e["train_seconds"] for e in record["evaluations"]]
+    assert clock == sorted(clock) and clock[-1] == record["train_seconds"]
+    assert [h["train_seconds"] for h in record["history"]] == [clock[3], clock[7]]
+    assert [e["test_accuracy"] for e in record["evaluations"][3::4]] == [h["test_accuracy"] for h in record["history"]]
+    assert record["train_seconds"] == once["train_seconds"] and record["final_train_loss"] == once["final_train_loss"]
+    assert len(once["evaluations"]) == 2 and record["evals_per_epoch"] == 4
+
+
+@pytest.mark.parametrize("algo", ["asgd", "dbs-asgd", "backup-sgd", "softsync", "gossip", "easgd"])
+def test_asynchronous_workers_all_reach_every_evaluation_point(algo):
+    """Each worker leaves its loop at a point when it sees the job pass it (the servers' pushes, the
+    shared cursor, its own share's steps); a straggler's view lags, and still every worker gets there:
+    no worker waits forever in the agreement, and every epoch has its four evaluations."""
+    record = run("--algo", algo, "--workers", "3", "--straggler", "2=3", "--evals-per-epoch", "4")
+    assert [(e["epoch"], e["at"]) for e in record["evaluations"]] == [
+        (epoch, at) for epoch in (1, 2) for at in (0.25, 0.5, 0.75, 1.0)]
+
+
+def test_a_slow_evaluation_stays_off_the_training_clock(monkeypatch):
+    """An evaluation made to take 1 s (of simulated time) on every worker: the training seconds and
+    the times to target do not move; the evaluation seconds and the wall time do."""
+    from hvd_async import metrics
+
+    fast = run("--algo", "asgd", "--workers", "3", "--evals-per-epoch", "4")
+    evaluate = metrics.evaluate_accuracy
+
+    def slow(model, dataset, rank, size, comm, device=None):
+        comm.net.sched.advance(rank, 1.0)
+        return evaluate(model, dataset, rank, size, comm, device)
+
+    monkeypatch.setattr(metrics, "evaluate_accuracy", slow)
+    record = run("--algo", "asgd", "--workers", "3", "--evals-per-epoch", "4")
+    assert record["train_seconds"] == fast["train_seconds"] < 1.0
+    assert [e["train_seconds"] for e in record["evaluations"]] == [e["train_seconds"] for e in fast["evaluations"]]
+    assert record["eval_seconds"] == pytest.approx(8.0) and fast["eval_seconds"] == 0.0
+    assert record["wall_seconds"] >= record["train_seconds"] + 8.0
+    target = fast["final_test_accuracy"] - 0.05
+    reached = [metrics.time_to_target(metrics.accuracy_curve(r), target) for r in (record, fast)]
+    assert reached[0] == reached[1] < record["train_seconds"]
+
+
+def test_time_to_target_is_the_training_clock_at_the_first_evaluation_reaching_it():
+    from hvd_async.metrics import accuracy_curve, time_to_target
+
+    record = {"evaluations": [{"train_seconds": 1.0, "test_accuracy": 0.5}, {"train_seconds": 2.0, "test_accuracy": 0.9},
+                              {"train_seconds": 3.0, "test_accuracy": 0.8}],
+              "history": [{"wall_seconds": 9.0, "test_accuracy": 0.9}]}
+    assert [time_to_target(accuracy_curve(record), t) for t in (0.4, 0.8, 0.9, 0.95)] == [1.0, 2.0, 2.0, None]
+    del record["evaluations"]  # a record from before the evaluations list: the epoch ends' wall seconds
+    assert time_to_target(accuracy_curve(record), 0.8) == 9.0
