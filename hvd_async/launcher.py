@@ -49,7 +49,7 @@ def _raise_terminated(signum, frame):
 def run(cmd: List[str]) -> Outcome:
     """Run a launcher command to completion (Ctrl-C or SIGTERM to this process stops the job).
 
-    Its stderr is relayed as it comes, except mpirun's exit-status banner after a job that already
+    Its stderr is relayed as it comes, except Open MPI's repeats of a failure after a job that already
     said what went wrong in an ``error:`` line (see :class:`BannerFilter`). mpirun itself, when it is
     sent SIGINT or SIGTERM, stops the ranks and exits 1 without a word, where a failed rank always
     leaves a line (the job's ``error:``, a traceback or mpirun's banner): that silent exit 1 is an
@@ -93,14 +93,20 @@ def _relay(pipe, sink: "BannerFilter") -> None:
 _BANNER_EDGE = re.compile(rb"^-{20,}\s*$")
 # mpirun's banners that only repeat that a process exited with a non-zero status
 _EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit code", b"MPI_ABORT was invoked")
+# mpirun's line when the rank that aborts dies before its MPI_ABORT banner has reached mpirun whole: Open
+# MPI relays a rank's help messages to mpirun (PMIx's log), whatever orte_base_help_aggregate says
+_CUT_BANNER = re.compile(rb"ORTE_ERROR_LOG: Data unpack .*show_help\.c at line \d+")
 
 
 class BannerFilter:
     """Passes a job's stderr through as it comes (progress bars included: text after ``\\r`` goes out
-    at once), holding back each block mpirun frames with lines of dashes until it is complete. Once
-    a line held ``error:`` (the job's own one-line error), the blocks that only say a process
-    exited with a non-zero status are dropped; every other block (a rank killed by a signal, help
-    messages) is passed on whole."""
+    at once), holding back each block mpirun frames with lines of dashes until it is complete. Open
+    MPI's repeats of a failure (the blocks that only say a process exited with a non-zero status or
+    called MPI_Abort, and mpirun's ``ORTE_ERROR_LOG ... show_help.c`` line for an abort banner cut
+    short) are dropped where a line held ``error:`` (the job's own one-line error), before or after
+    them: they reach mpirun apart from the rank's stderr, sometimes first, so until such a line comes
+    they are held, and written at the end of the stream if none did. Every other block (a rank killed
+    by a signal, help messages) is passed on whole."""
 
     def __init__(self, out):
         self.out = out
@@ -108,6 +114,7 @@ class BannerFilter:
         self.line = b""  # the current line, ``flushed`` bytes of it already written
         self.flushed = 0
         self.block: Optional[List[bytes]] = None
+        self.held: List[bytes] = []  # repeats of a failure seen before any error line
         self.saw_error = False
         self.saw_failure = False  # an ``error:`` line, a traceback or one of mpirun's blocks
 
@@ -129,7 +136,7 @@ class BannerFilter:
             if self.line.endswith((b"\n", b"\r")):
                 self._complete(self.line)
                 self.line, self.flushed = b"", 0
-            elif self.block is None and not self.line.startswith(b"-"):
+            elif self.block is None and not self.line.startswith((b"-", b"[")):  # (mpirun's "[host:pid] ...")
                 self._write(self.line[self.flushed:])
                 self.flushed = len(self.line)
 
@@ -139,26 +146,40 @@ class BannerFilter:
             self.block.append(line)
             if edge:
                 text, self.block = b"".join(self.block), None
-                if not (self.saw_error and any(marker in text for marker in _EXIT_BANNERS)):
+                if any(marker in text for marker in _EXIT_BANNERS):
+                    self._repeat(text)
+                else:
                     self._write(text)
             return
         if edge:
             self.block, self.saw_failure = [line], True
             return
+        if _CUT_BANNER.search(line):
+            self._repeat(line[self.flushed:])
+            return
         self._write(line[self.flushed:])
         if b"error:" in line:
             self.saw_error = True
+            self.held.clear()
         if b"error:" in line or line.startswith(b"Traceback"):
             self.saw_failure = True
 
+    def _repeat(self, text: bytes) -> None:
+        if not self.saw_error:
+            self.held.append(text)
+
     def close(self) -> None:
-        """At the end of the stream: write what is still held (an unfinished line or block)."""
+        """At the end of the stream: write what is still held (an unfinished line or block, repeats of
+        a failure that no error line followed)."""
         if self.line:
             self._complete(self.line)
             self.line, self.flushed = b"", 0
         if self.block is not None:
             self._write(b"".join(self.block))
             self.block = None
+        for text in self.held:
+            self._write(text)
+        self.held.clear()
 
 
 def python_module(module: str, argv: Sequence[str]) -> List[str]:

@@ -3,12 +3,13 @@ leaving a job early, in the ways that used to hang (``sys.exit(0)``, ``opt.close
 a DataError on that worker alone), ends the whole job within seconds, with a non-zero exit status and
 a line naming it; and frozen parameters stay bit for bit under every algorithm."""
 import os
+import re
 import sys
 
 import pytest
 
 from hvd_async import registry
-from procs import mpirun
+from procs import mpirun, python, run
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import faults  # noqa: E402  (benchmarks/faults.py: the matrix's cell runner)
@@ -29,6 +30,23 @@ def test_one_worker_leaving_ends_the_job(algo, fault, shm):
     assert cell["named"], f"no line names the leaving worker:\n{cell.get('output_tail', '')}"
     assert not cell["left_processes"], cell
     assert cell["seconds_after_fault"] <= 30, cell
+
+
+def test_the_line_naming_the_worker_is_the_last_thing_on_stderr():
+    """The data-error cell launched as ``hvd-async train`` launches a job (launcher.mpirun_command and
+    launcher.run, whose relay drops what Open MPI prints that only repeats the failure): the job's line
+    naming the worker is the last line on stderr, with none of Open MPI's below it (neither the MPI_ABORT
+    banner nor mpirun's "ORTE_ERROR_LOG ... show_help.c" where that banner reached it cut short)."""
+    env = {"ALGO": "asgd", "FAULT": "data-error", "SERVERS": "1", "LEAVER": str(faults.LEAVER)}
+    launch = ("import os, sys; from hvd_async import launcher; "
+              "os.dup2(os.open(os.devnull, os.O_WRONLY), 1); "  # the ranks' stdout: only stderr is kept
+              "cmd = launcher.mpirun_command(int(sys.argv[1]), [sys.executable, sys.argv[2]], env=sys.argv[3:]); "
+              "sys.exit(launcher.run(cmd).code)")
+    result = run(python("-c", launch, str(faults.WORKERS + 1), faults.JOB, *env), env=env, timeout=120)
+    assert result.returncode == 2, result  # the job's bad-input status
+    lines = [line for line in result.out.splitlines() if line.strip()]
+    assert lines and re.search(faults.NAMES["data-error"], lines[-1]), result.out[-3000:]
+    assert "ORTE_ERROR_LOG" not in result.out and "MPI_ABORT" not in result.out, result.out[-3000:]
 
 
 @pytest.mark.parametrize("algo", registry.NAMES)
