@@ -13,16 +13,24 @@ collectives will never come, and raises :class:`PeerLeftError` naming it (uncaug
 ``hvd_async.init``'s hook aborts every rank). Once the barrier is passed everyone is there, and the
 blocking MPI call that follows (an allgather, a broadcast) cannot hang.
 
-Closing is itself a collective (the windows' free is one): the closing worker waits, polled in the
-same way, until every peer has closed too. Peers still training go on; a peer that reaches a
-collective sees the notice and raises. A closing worker's wait is the only one a peer cannot end
-this way when that peer waits in something else (a Horovod allreduce of the script's own): at exit
-the runtime shuts Horovod down before it closes the windows, as Horovod's own exit does, so that
-such an allreduce fails on the others ("one of the ranks finished execution").
+Closing waits, polled, until every peer has closed too, and only then frees the windows (a
+collective every rank must join). The wait is for the peers' leave notices, point to point, and
+never a barrier on the workers' communicator: MPI matches collectives on a communicator by their
+order alone, so a closing barrier would complete a peer's ordinary barrier (its
+``load_global_model``), which would then go on to a window free the closer is not in, while the
+closer waited for a second barrier that never comes. Peers still training go on; a peer that reaches
+a collective sees the notice and raises, and closes in its turn. A closing worker's wait is the only
+one a peer cannot end this way when that peer waits in something else (a Horovod allreduce of the
+script's own): at exit the runtime shuts Horovod down before it closes the windows, as Horovod's own
+exit does, so that such an allreduce fails on the others ("one of the ranks finished execution").
+
+Every wait is a loop over one non-blocking step (:meth:`LeaveWatch.settle`, :meth:`LeaveWatch.closed`),
+and the protocol's checker (``tests/unit/test_leave_protocol.py``) runs these same steps over every
+interleaving of 2 and 3 workers.
 """
 import os
 import time
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 
@@ -38,6 +46,21 @@ SLEEP_SECONDS = 0.0005
 
 class PeerLeftError(RuntimeError):
     """A collective cannot complete: a worker it needs has closed its transport or left the job."""
+
+
+class Collective(NamedTuple):
+    """A collective this worker has entered: its number among the transport's collectives, the
+    barrier's request, and what it is (for messages)."""
+    index: int
+    request: object
+    what: str
+
+
+def _pause(start: float) -> None:
+    if time.perf_counter() - start < SPIN_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(SLEEP_SECONDS)
 
 
 class LeaveWatch:
@@ -73,33 +96,42 @@ class LeaveWatch:
         """Workers that left before entering collective number ``entered`` (0-based)."""
         return sorted(r for r, count in self.left.items() if count <= entered and r not in self.ignored)
 
-    def wait(self, request, what: str, *, index: Optional[int] = None) -> None:
-        """Poll ``request`` (a collective's) until it completes; raise :class:`PeerLeftError` when a
-        worker it needs has left (``index``: the collective's number; None: closing, where a leave
-        notice is every peer's arrival rather than a loss)."""
-        start = time.perf_counter()
-        while not request.Test():
-            self.poll()
-            gone = self.gone(index) if index is not None else []
-            if gone and not request.Test():
-                names = ", ".join(map(str, gone))
-                raise PeerLeftError(
-                    f"{self.what}: worker(s) {names} left the job (closed the optimizer or the transport, "
-                    f"or the process exited) before {what}, which needs every worker; "
-                    f"worker {self.rank} cannot go on with the others (the leaving worker's own message, if "
-                    f"any, is above)")
-            if time.perf_counter() - start < SPIN_SECONDS:
-                os.sched_yield()
-            else:
-                time.sleep(SLEEP_SECONDS)
+    def missing(self) -> List[int]:
+        """Peers whose leave notice has not arrived (the workers gone on without are not waited for)."""
+        return [r for r in range(self.size) if r != self.rank and r not in self.ignored and r not in self.left]
 
-    def barrier(self, comm, what: str) -> None:
-        """A barrier over ``comm`` (the workers, or those left after a drop) that raises instead of
-        waiting for a worker that has left."""
+    # --- a collective: entered, then settled by polling ------------------------------------------
+    def enter(self, comm, what: str) -> Collective:
+        """Enter the next collective: a non-blocking barrier over ``comm`` (the workers, or those left
+        after a drop)."""
         index = self.count
         self.count += 1
-        self.wait(comm.Ibarrier(), what, index=index)
+        return Collective(index, comm.Ibarrier(), what)
 
+    def settle(self, collective: Collective) -> bool:
+        """One poll of ``collective``: True once every worker is there; :class:`PeerLeftError` when a
+        worker it needs has left; False while it waits."""
+        if collective.request.Test():
+            return True
+        self.poll()
+        gone = self.gone(collective.index)
+        if gone and not collective.request.Test():
+            names = ", ".join(map(str, gone))
+            raise PeerLeftError(
+                f"{self.what}: worker(s) {names} left the job (closed the optimizer or the transport, "
+                f"or the process exited) before {collective.what}, which needs every worker; "
+                f"worker {self.rank} cannot go on with the others (the leaving worker's own message, if "
+                f"any, is above)")
+        return False
+
+    def barrier(self, comm, what: str) -> None:
+        """A barrier over ``comm`` that raises instead of waiting for a worker that has left."""
+        collective = self.enter(comm, what)
+        start = time.perf_counter()
+        while not self.settle(collective):
+            _pause(start)
+
+    # --- closing: a notice to every peer, then every peer's notice -------------------------------
     def announce(self) -> None:
         """Tell every peer this worker has closed, after ``count`` collectives (non-blocking)."""
         payload = np.array([self.count], dtype=np.int64)
@@ -108,17 +140,28 @@ class LeaveWatch:
             if peer != self.rank and peer not in self.ignored:
                 self._notices.append(self.comm.Isend([payload, self._MPI.INT64_T], dest=peer, tag=TAG_LEFT))
 
-    def wait_all_closed(self, comm, what: str) -> None:
-        """Closing: wait (polled) until every worker of ``comm`` has closed too."""
-        self.wait(comm.Ibarrier(), what)
+    def closed(self) -> bool:
+        """One poll of the closing wait: True once every peer's leave notice has arrived."""
+        self.poll()
+        return not self.missing()
+
+    def wait_all_closed(self) -> None:
+        """Closing, after :meth:`announce`: wait until every peer has closed too. Each wait is a
+        receive of one missing peer's notice, polled (in the simulator a request's test waits on the
+        virtual clock, so the other simulated workers run meanwhile)."""
+        while not self.closed():
+            peer = self.missing()[0]
+            request = self.comm.Irecv([self._inbox, self._MPI.INT64_T], source=peer, tag=TAG_LEFT)
+            start = time.perf_counter()
+            while not request.Test():
+                _pause(start)
+            self.left[peer] = int(self._inbox[0])
 
     def free(self) -> None:
-        """After the closing barrier: take the peers' notices and free the communicator (collective)."""
+        """After every peer has closed: complete this worker's notices and free the communicator
+        (collective over the workers, all of which are closing)."""
         if self._freed:
             return
         self._freed = True
         self._MPI.Request.Waitall(self._notices)
-        expected = {r for r in range(self.size) if r != self.rank and r not in self.ignored}
-        while not expected <= set(self.left):
-            self.poll()
         self.comm.Free()

@@ -230,7 +230,7 @@ class PeerWindowTransport(Transport):
         if self._closed:
             return
         self._watch.announce()
-        self._watch.wait_all_closed(self.comm, "close()")  # no access to any window is in flight past this point
+        self._watch.wait_all_closed()  # no access to any window is in flight past this point
         self._watch.free()
         self._stop.set()
         self._thread.join()

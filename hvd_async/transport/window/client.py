@@ -385,7 +385,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         for k in range(self.servers):
             self.comm.send(None, dest=k, tag=TAG_CLOSE)
         if not self.dropped:  # (a dropped worker would never join the free)
-            self._watch.wait_all_closed(self._workers_comm, "close()")  # every worker is here: the frees cannot hang
+            self._watch.wait_all_closed()  # every worker has closed: the frees cannot hang
             self._watch.free()
             self._win.free()
             self.comm.Free()
