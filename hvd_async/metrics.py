@@ -105,6 +105,7 @@ class RunMetrics:
         self.evaluations: List[Dict] = []  # every held-out evaluation, on the training clock
         self.reporter = reporter
         self.start = time.perf_counter()
+        self._began = (self.start, self._cpu())  # (start moves back on a resume; this does not)
         self.writer = None
         self._totals: Dict[str, float] = {}  # last value of each running counter seen by delta()
         if reporter and logdir:
@@ -114,6 +115,17 @@ class RunMetrics:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    @staticmethod
+    def _cpu() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def cpu_use(self) -> Tuple[float, float]:
+        """This process's CPU seconds (user and system) and wall seconds since its metrics began (a
+        resumed run: since the resume)."""
+        wall, cpu = self._began
+        return self._cpu() - cpu, time.perf_counter() - wall
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.writer is not None:

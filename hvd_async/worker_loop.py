@@ -53,8 +53,17 @@ class Host:
         """Every worker left its loop; before the global weights are loaded (``--worker-timeout``)."""
 
     def finish(self, loop: "WorkerLoop") -> dict:
-        """After ``opt.close()`` on every worker: what the final record adds or overrides."""
-        return {"wall_seconds": round(loop.metrics.elapsed(), 4)}
+        """After ``opt.close()`` on every worker (collective): what the final record adds or overrides.
+        Here the wall time and each worker process's CPU time (user and system, ``os.times``; the
+        server ranks' is not counted): ``cpu_utilisation`` is their sum over worker 0's wall time
+        (since a resume, for a resumed run), in cores kept busy."""
+        wall = round(loop.metrics.elapsed(), 4)
+        cpu, since = loop.metrics.cpu_use()
+        cpu = loop.comm.gather(cpu, root=0)
+        if not loop.reporter:
+            return {"wall_seconds": wall}
+        return {"wall_seconds": wall, "worker_cpu_seconds": [round(c, 3) for c in cpu],
+                "cpu_utilisation": round(sum(cpu) / max(since, 1e-9), 3)}
 
 
 class Counters:
@@ -430,6 +439,7 @@ class WorkerLoop:
         total_samples = comm.allreduce(acc.samples)
         applied_samples = total_samples - comm.allreduce(acc.dropped_samples)
         dropped_gradients = comm.allreduce(opt.strategy.dropped_gradients)
+        worker_samples = comm.gather([acc.samples, acc.samples - acc.dropped_samples], root=0)
         total_steps = comm.allreduce(steps)
         train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
         blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd
@@ -447,6 +457,8 @@ class WorkerLoop:
             final_train_loss=self.train_loss, wall_seconds=None, train_seconds=round(train_seconds, 6),
             eval_seconds=round(sum(e["eval_seconds"] for e in metrics.evaluations), 6),
             samples=total_samples, samples_applied=applied_samples,
+            worker_samples=[n for n, _ in worker_samples] if self.reporter else None,
+            worker_samples_applied=[n for _, n in worker_samples] if self.reporter else None,
             dropped_gradients=dropped_gradients,
             samples_per_second=applied_samples / max(train_seconds, 1e-9),
             computed_samples_per_second=total_samples / max(train_seconds, 1e-9),

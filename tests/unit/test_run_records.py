@@ -87,3 +87,48 @@ def test_time_to_target_is_the_training_clock_at_the_first_evaluation_reaching_i
     assert [time_to_target(accuracy_curve(record), t) for t in (0.4, 0.8, 0.9, 0.95)] == [1.0, 2.0, 2.0, None]
     del record["evaluations"]  # a record from before the evaluations list: the epoch ends' wall seconds
     assert time_to_target(accuracy_curve(record), 0.8) == 9.0
+
+
+def test_the_record_says_where_the_samples_went_worker_by_worker():
+    """Per worker: the samples computed and applied; backup-sgd's straggler computes a third as many
+    as the others and has most of them dropped."""
+    record = run("--algo", "backup-sgd", "--workers", "3", "--backups", "1", "--straggler", "2=3")
+    computed, applied = record["worker_samples"], record["worker_samples_applied"]
+    assert sum(computed) == record["samples"] and sum(applied) == record["samples_applied"]
+    assert computed[2] < computed[0] / 2 and applied[2] < computed[2] / 2 and applied[0] > computed[0] / 2
+    for key in ("train_seconds", "eval_seconds", "dropped_gradients", "server_ms_per_push"):
+        assert key in record, key  # (server time and CPU time are not simulated: see the real runs' test)
+
+
+class _OneRank:
+    """The workers' communicator of a job of one worker (what Host.finish gathers over)."""
+
+    rank, size = 0, 1
+
+    def gather(self, value, root=0):
+        return [value]
+
+
+def test_the_cpu_utilisation_is_the_workers_cpu_seconds_over_the_wall_time():
+    """os.times of the worker process, from the metrics' start: 0.3 CPU seconds of pure-Python work,
+    then 0.3 s asleep, show as 0.3 CPU seconds over at least 0.6 s of wall time."""
+    import os
+    import time
+    import types
+
+    from hvd_async.metrics import RunMetrics
+    from hvd_async.worker_loop import Host
+
+    def cpu():
+        times = os.times()
+        return times.user + times.system
+
+    metrics = RunMetrics({}, reporter=True)
+    start = cpu()
+    while cpu() - start < 0.3:
+        pass
+    time.sleep(0.3)
+    out = Host(max_op=None).finish(types.SimpleNamespace(metrics=metrics, comm=_OneRank(), reporter=True))
+    used, wall = out["worker_cpu_seconds"][0], out["wall_seconds"]
+    assert 0.3 <= used < 0.4 and wall >= used + 0.3
+    assert out["cpu_utilisation"] == pytest.approx(used / wall, rel=0.05)
