@@ -3,9 +3,11 @@ passes) is said once, by the lowest rank that has it, and an error of the librar
 (a ``ValueError`` or ``TypeError`` raised inside ``hvd_async``) is one line naming where the call
 was made, without the traceback (``HVD_ASYNC_DEBUG=1`` prints it). And every ending of the job on an
 error goes through :func:`abort`, which makes sure the aborting process does end."""
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Optional
@@ -68,3 +70,45 @@ def abort(world, code: int, *, wait: float = 0.0) -> None:
         pass
     signal.alarm(ABORT_BACKSTOP_SECONDS)
     world.Abort(code)
+
+
+# How long a collective that every rank has reached may take before the job is ended instead (the
+# windows' free at close: milliseconds normally; see :func:`deadline`).
+FREE_TIMEOUT_ENV = "HVD_ASYNC_FREE_TIMEOUT"
+FREE_TIMEOUT_SECONDS = 60.0
+
+
+def free_timeout() -> float:
+    value = os.environ.get(FREE_TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(value) if value else FREE_TIMEOUT_SECONDS
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{FREE_TIMEOUT_ENV}={value!r} is not a positive number of seconds: unset it "
+                         f"(default {FREE_TIMEOUT_SECONDS:g}) or set e.g. {FREE_TIMEOUT_ENV}=120")
+    return seconds
+
+
+@contextlib.contextmanager
+def deadline(world, what: str, who: str, seconds: Optional[float] = None):
+    """Bound a blocking MPI call that every rank has reached and that should return at once (the
+    windows' free, after every worker has closed): should it still be running ``seconds`` later (an
+    MPI one-sided component that never completes a free has been seen across hosts), say so in one
+    line and end the job through :func:`abort` (exit status 1) instead of waiting for ever. The
+    watch is a timer thread: mpi4py releases the interpreter while it waits in MPI."""
+    seconds = free_timeout() if seconds is None else seconds
+
+    def expired():
+        sys.stderr.write(f"hvd_async: error: {who}: {what} did not complete within {seconds:g} s although every "
+                         f"rank had reached it (an MPI one-sided component that never completes it); ending "
+                         f"the job ({FREE_TIMEOUT_ENV} sets the limit)\n")
+        abort(world, 1)
+
+    timer = threading.Timer(seconds, expired)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

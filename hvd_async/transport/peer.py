@@ -39,6 +39,7 @@ from typing import Any, Iterator, List, Tuple
 import numpy as np
 import torch
 
+from .. import failures
 from ..checks import is_finite_number
 from .base import Transport
 from .leave import LeaveWatch
@@ -235,6 +236,7 @@ class PeerWindowTransport(Transport):
         self._stop.set()
         self._thread.join()
         self._closed = True
-        self._win.Free()
+        with failures.deadline(self.comm, "the peer windows' free at close()", f"worker {self._rank}"):
+            self._win.Free()
         self._progress_comm.Free()
         self.comm.Free()

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ... import failures
 from ..leave import LeaveWatch
 from .counters import MetaAccess
 from .state import ServerState
@@ -387,7 +388,8 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         if not self.dropped:  # (a dropped worker would never join the free)
             self._watch.wait_all_closed()  # every worker has closed: the frees cannot hang
             self._watch.free()
-            self._win.free()
+            with failures.deadline(self.comm, "the windows' free at close()", f"worker {self._rank}"):
+                self._win.free()
             self.comm.Free()
 
 

@@ -15,7 +15,7 @@ from .layout import (HIST_BINS, H_LEN, Kind, META_BUSY_US, META_COUNTER, META_HI
                      TAG_STATE_REPLY, Request, ShardStats, Status, WindowSpec, pushes_in,
                      _Windows)
 from .slots import SlotPool
-from ... import checkpoint
+from ... import checkpoint, failures
 
 SHARD_KIND = "server-shard"  # the kind of a shard's own checkpoint file
 MESSAGE_LIMIT = 2**31 - 2**26  # bytes of tensors one pickled MPI message may carry (a C int count, with room)
@@ -325,6 +325,7 @@ class ShardHost:
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         if not self.dropped:
-            self._win.free()
+            with failures.deadline(self.comm, "the windows' free at close()", f"server {self.shard}"):
+                self._win.free()
             self.comm.Free()
         return stats
