@@ -5,6 +5,7 @@
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                   named_parameters=model.named_parameters(), algorithm="ssgd")
 """
+from .batch_sampler import DynamicBatchSampler
 from .optimizer import DistributedOptimizer
 from .options import option
 from .registry import ALGORITHMS, NAMES as ALGORITHM_NAMES, register as register_algorithm
@@ -14,6 +15,6 @@ from .runtime import (init, is_initialized, is_server, is_worker, local_rank, nu
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedOptimizer", "ALGORITHMS", "ALGORITHM_NAMES", "register_algorithm", "option", "init", "is_initialized",
+__all__ = ["DistributedOptimizer", "DynamicBatchSampler", "ALGORITHMS", "ALGORITHM_NAMES", "register_algorithm", "option", "init", "is_initialized",
            "is_server", "is_worker", "local_rank", "num_servers", "rank", "serve", "server_ranks",
            "shutdown", "size", "worker_comm", "worker_ranks", "world_rank", "world_size"]

@@ -15,7 +15,8 @@ same in the global weights, whichever worker drew it.
 
 The batch size is read by the caller before drawing each batch (``opt.strategy.batch_size``, or
 ``opt.batch_size``); the job draws batches from :class:`hvd_async.sampling.SharedCursorBatches`
-through ``transport.fetch_add_counter``, so that no sample is repeated or skipped within an epoch.
+through ``transport.fetch_add_counter``, so that no sample is repeated or skipped within an epoch,
+and a script's ``DataLoader`` does both with ``batch_sampler=hvd_async.DynamicBatchSampler(dataset, opt)``.
 
 Choices: the measured time includes whatever the caller does between steps (data loading,
 evaluation), as the paper's per-iteration time does; the first interval after construction or
@@ -86,7 +87,7 @@ class DBSASGD(ASGD):
 
         opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                       algorithm="dbs-asgd", batch_size=32)
-        x, y = next_batch(opt.strategy.batch_size)  # draw as many samples as this worker is told
+        loader = DataLoader(dataset, batch_sampler=ha.DynamicBatchSampler(dataset, opt))  # as many as told
     """
 
     name = "dbs-asgd"
