@@ -28,20 +28,34 @@ def _cell(cells, algo, fault, limit):
     return " / ".join(parts)
 
 
+def _grid(record, algos, columns, limit, labels=None) -> list:
+    lines = ["| algorithm | " + " | ".join(labels or columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for algo in algos:
+        lines.append(f"| {algo} | " + " | ".join(_cell(record["cells"], algo, f, limit) or "n/a" for f in columns) + " |")
+    return lines
+
+
 def table(record) -> str:
     cells = record["cells"]
     algos = list(dict.fromkeys(c["algorithm"] for c in cells))
-    faults = list(dict.fromkeys(c["fault"] for c in cells))
+    columns = list(dict.fromkeys(c["fault"] for c in cells))
+    faults = [f for f in columns if not f.startswith("order ")]
+    orders = [f for f in columns if f.startswith("order ")]
     shms = sorted({c["shm"] for c in cells}, reverse=True)
     prov = record["provenance"]
     lines = [f"Record `{record['_name']}`: commit {str(prov['commit'])[:10]} (package under test: "
              f"{str(record.get('package_commit', ''))[:10] or 'the same'}), {prov['machine'].get('cpu_model', '?')} ({prov['machine'].get('cores_total', '?')} cores), "
              f"{prov['date_utc'][:10]}; `{prov['command']}`. Shared memory "
              f"{' / '.join('on' if s else 'off' for s in shms)} in each cell; seconds from the fault to the "
-             f"job's end. {record['passed']} passed, {record['failed']} failed.", "",
-             "| algorithm | " + " | ".join(faults) + " |", "|---" * (len(faults) + 1) + "|"]
-    for algo in algos:
-        lines.append(f"| {algo} | " + " | ".join(_cell(cells, algo, f, record["limit_seconds"]) or "n/a" for f in faults) + " |")
+             f"job's end. {record['passed']} passed, {record['failed']} failed.", ""]
+    lines += _grid(record, algos, faults, record["limit_seconds"])
+    if orders:
+        lines += ["", "Orders of leaving (tests/leave_orders.py; worker 0, 1, 2's, each from its script's "
+                  "`finally`): the job ends as the leave protocol's checker says it can, within "
+                  f"{record.get('order_limit_seconds', record['limit_seconds']):g} s of its first fault "
+                  "(of its start where every worker finishes), no process left.", ""]
+        lines += _grid(record, algos, orders, record.get("order_limit_seconds"),
+                       [o[len("order "):] for o in orders])
     if record.get("not_applicable"):
         why = sorted({f"{n['algorithm']} {n['fault']}: {n['why']}" for n in record["not_applicable"]})
         lines += ["", "Not applicable: " + "; ".join(why) + "."]
