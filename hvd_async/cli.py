@@ -1,5 +1,6 @@
 """The ``hvd-async`` command: ``train`` launches the reference job over mpirun; ``simulate`` runs it on a
-virtual clock in one process (:mod:`hvd_async.sim`); ``algorithms`` lists the registry."""
+virtual clock in one process (:mod:`hvd_async.sim`); ``algorithms`` lists the registry; ``doctor``
+checks the installation (:mod:`hvd_async.doctor`)."""
 import argparse
 import os
 import signal
@@ -112,6 +113,12 @@ def _launcher_only_removed(argv: List[str], options) -> List[str]:
     return out
 
 
+def _doctor(argv: List[str]) -> int:
+    from . import doctor
+
+    return doctor.main(argv)
+
+
 def _simulate(argv: List[str]) -> int:
     from . import sim
 
@@ -123,6 +130,8 @@ COMMANDS = {
     "simulate": (_simulate, "simulate the job with N workers on a virtual clock, deterministically "
                             "(see 'hvd-async simulate --help')"),
     "algorithms": (_algorithms, "list the algorithms of the registry: which use parameter servers, what each does"),
+    "doctor": (_doctor, "check what a job needs here: MPI windows, Horovod's build, GPUs, /dev/shm, each "
+                        "with its fix"),
 }
 
 
