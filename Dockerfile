@@ -7,6 +7,26 @@
 #
 #   docker build -t hvd_async .
 #   docker run --gpus all --ipc=host hvd_async hvd-async train --np 2 --epochs 2 --device auto
+#   docker run --gpus all --ipc=host hvd_async hvd-async doctor      # what a job needs, checked
+#
+# CUDA: CUDA_VERSION (default 13.0.0, the CUDA of the torch wheel scripts/requirements.txt pins, which
+# tests/test_packaging.py checks; it needs NVIDIA driver R580 or newer). For an older driver build
+# with its CUDA and a torch built for it, e.g. (driver R570):
+#   docker build --build-arg CUDA_VERSION=12.8.1 \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t hvd_async:cu128 .
+#
+# MPI: Ubuntu 24.04's Open MPI 4.1 (openmpi-bin), with the PMIx and UCX it is built against (Ubuntu's
+# libpmix2 and libucx0); the build writes what it got to /opt/hvd_async/mpi-stack.txt (`ompi_info`'s
+# Open MPI, pmix, pml and osc lines) and fails without Open MPI's osc ucx, which windows across
+# nodes need. UCX takes InfiniBand where the container sees /dev/infiniband (`ucx_info -d` inside
+# lists the devices); otherwise TCP. Slurm: launch with `srun --mpi=pmix`, whose PMIx server
+# (the host's Slurm plugin) speaks to the image's PMIx client across PMIx versions 3 and later.
+#   pyxis/enroot:  srun --mpi=pmix --container-image=REGISTRY#hvd_async:latest --container-mounts=/data:/data \
+#                    python -m hvd_async.train --np "$SLURM_NTASKS" --device auto ...
+#   Apptainer:     apptainer build hvd_async.sif docker-daemon://hvd_async:latest
+#                  PROGRAM="apptainer exec --nv hvd_async.sif python -m hvd_async.train --np 8 --device auto" \
+#                    NODES=2 GPUS_PER_NODE=4 launch/slurm.sbatch --config dc-asgd
+#   (an srun that lists no pmix in `srun --mpi=list`: mpirun inside the allocation, launch/mpirun.sh)
 #
 # --ipc=host (or --shm-size=16g where the host's IPC namespace is not to be shared): Docker gives a
 # container 64 MB of /dev/shm, and NCCL's shared-memory transport, UCX between the ranks (the
@@ -18,7 +38,11 @@
 # (Slurm with enroot/pyxis or Apptainer) override it anyway; where a cluster needs root inside the
 # container, run with --user 0; Kubeflow's MPIJob needs sshd, which
 # the image configures for a non-root user (launch/kubeflow-mpijob.yaml).
-FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
+ARG CUDA_VERSION=13.0.0
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04
+
+# (empty: PyPI's torch, built for the default CUDA_VERSION)
+ARG TORCH_INDEX_URL=""
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -45,8 +69,11 @@ WORKDIR /opt/hvd_async/src
 COPY pyproject.toml setup.cfg README.md ./
 COPY scripts/ scripts/
 COPY hvd_async/ hvd_async/
-RUN bash scripts/setup.sh \
+RUN if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi \
+ && bash scripts/setup.sh \
  && rm -rf /var/lib/apt/lists/* \
+ && ompi_info | grep -E 'Open MPI:|MCA (pmix|pml|osc): ' | tee /opt/hvd_async/mpi-stack.txt \
+ && grep -q 'MCA osc: ucx' /opt/hvd_async/mpi-stack.txt \
  && .venv/bin/horovodrun --check-build | tee /tmp/check-build.txt \
  && grep -q '\[X\] PyTorch' /tmp/check-build.txt \
  && grep -q '\[X\] NCCL' /tmp/check-build.txt \

@@ -97,10 +97,45 @@ def test_image_installs_with_the_same_setup_script_as_the_readme():
     assert "scripts/" in copied
 
 
+def _build_args(instructions):
+    """{name: default} of the ARG instructions."""
+    found = {}
+    for word, args in instructions:
+        if word == "ARG":
+            name, _, default = args.partition("=")
+            found[name] = default.strip('"')
+    return found
+
+
+def test_cuda_is_a_build_argument_whose_default_is_the_pinned_torchs():
+    """CUDA_VERSION picks the base image (declared before FROM, so FROM can read it); its default is the
+    CUDA the pinned torch wheel was built for, the one installed here by the same requirements; a
+    TORCH_INDEX_URL of the build reaches setup.sh's pip (a torch for another CUDA)."""
+    import torch
+
+    instructions = _instructions(_read("Dockerfile"))
+    words = [word for word, _ in instructions]
+    args = _build_args(instructions[:words.index("FROM")])
+    (base,) = [a for w, a in instructions if w == "FROM"]
+    assert "${CUDA_VERSION}" in base and re.fullmatch(r"\d+\.\d+\.\d+", args["CUDA_VERSION"]), (base, args)
+    assert re.fullmatch(r"nvidia/cuda:[\d.]+-devel-ubuntu[\d.]+", base.replace("${CUDA_VERSION}", args["CUDA_VERSION"]))
+    assert torch.version.cuda and args["CUDA_VERSION"].split(".")[:2] == torch.version.cuda.split(".")[:2], \
+        (args["CUDA_VERSION"], torch.version.cuda)
+    assert _build_args(instructions[words.index("FROM"):]).get("TORCH_INDEX_URL") == ""
+    (install,) = [a for w, a in instructions if w == "RUN" and _runs_script(a, "scripts/setup.sh")]
+    assert re.search(r'export PIP_EXTRA_INDEX_URL="\$TORCH_INDEX_URL"', install) and \
+        install.index("TORCH_INDEX_URL") < install.index("scripts/setup.sh"), install
+    assert "grep -q 'MCA osc: ucx'" in install  # the windows across nodes: the build fails without them
+    header = "\n".join(ln for ln in _read("Dockerfile").splitlines() if ln.startswith("#"))
+    for word in ("--build-arg CUDA_VERSION=", "R580", "Open MPI 4.1", "PMIx", "UCX", "pyxis/enroot",
+                 "--container-image", "Apptainer", "apptainer exec --nv", "srun --mpi=pmix", "InfiniBand"):
+        assert word in header, word
+
+
 def test_image_is_cuda_devel_nccl_and_runs_as_non_root():
     instructions = _instructions(_read("Dockerfile"))
     base = [args for word, args in instructions if word == "FROM"]
-    assert len(base) == 1 and re.match(r"nvidia/cuda:[\d.]+-(cudnn\d*-)?devel-", base[0]), base
+    assert len(base) == 1 and re.match(r"nvidia/cuda:\$\{CUDA_VERSION\}-(cudnn\d*-)?devel-", base[0]), base
     env = " ".join(args for word, args in instructions if word == "ENV")
     for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1"):
         assert setting in env, setting
@@ -406,7 +441,7 @@ def test_docker_run_example_gives_shared_memory():
     runs = [ln for ln in _read("Dockerfile").splitlines() if re.match(r"#\s+docker run\b", ln)]
     assert runs and all("--gpus" in ln for ln in runs), runs
     assert all("--ipc=host" in ln or "--shm-size" in ln for ln in runs), runs
-    assert all("--device" in ln for ln in runs), runs  # hvd-async train defaults to the CPU
+    assert all("--device" in ln for ln in runs if " train " in ln), runs  # hvd-async train defaults to the CPU
 
 
 def test_launch_readme_documents_nccl_and_idle_gpus():
