@@ -41,7 +41,7 @@ from hvd_async import registry
 from hvd_async.metrics import accuracy_curve, time_to_target as time_to
 
 ALGORITHMS = ("ssgd", "asgd", "dc-asgd", "lc-asgd", "softsync", "dbs-asgd", "od-sgd", "hpsgd", "gossip", "easgd",
-              "backup-sgd")
+              "backup-sgd", "lb-sgd")
 SERVERLESS = registry.serverless()  # everything else gets one server rank on top of the workers
 FMNIST = ["--dataset", "fashion-mnist"]  # its defaults (lenet, lr 0.02) chosen for ssgd on the validation split
 SETTINGS = {  # name -> (model, workers, more flags (data, straggler), seeds used by default)

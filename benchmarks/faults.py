@@ -34,7 +34,7 @@ ROOT = common.ROOT
 JOB = os.path.join(ROOT, "tests", "mpi", "fault_job.py")
 ORDER_JOB = os.path.join(ROOT, "tests", "mpi", "leave_order_job.py")
 FAMILIES = {"ssgd": 0, "asgd": 1, "dc-asgd": 1, "softsync": 1, "od-sgd": 1, "hpsgd": 0, "gossip": 0, "easgd": 1,
-            "backup-sgd": 1}
+            "backup-sgd": 1, "lb-sgd": 0}
 FAULTS = ("raise", "data-error", "exit0", "close", "server", "kill-worker", "kill-server")
 WORKERS, LEAVER = 3, 1
 # Orders of leaving from the set the leave protocol's checker explores (tests/leave_orders.py), one

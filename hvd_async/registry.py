@@ -1,4 +1,4 @@
-"""The one table of algorithm names: what each is, where it comes from, and its strategy; the eleven
+"""The one table of algorithm names: what each is, where it comes from, and its strategy; the twelve
 built in, and those a plugin adds (:func:`register`, the ``hvd_async.algorithms`` entry points, or a
 module named by ``--plugin``)."""
 import importlib.util
@@ -64,6 +64,8 @@ _ROWS = (
     AlgorithmInfo("backup-sgd", "synchronous SGD with backup workers: each step the first N-b gradients, "
                   "the b late ones dropped", "Chen et al., arXiv 1604.00981 (2016)", True,
                   "hvd_async.algorithms.backup:BackupSGD", synchronous=True),
+    AlgorithmInfo("lb-sgd", "synchronous SGD with the global batch shared by each worker's measured speed",
+                  "Chen et al., LB-BSP, SoCC 2020", False, "hvd_async.algorithms.lbsgd:LBSGD", synchronous=True),
 )
 
 ALGORITHMS: Dict[str, AlgorithmInfo] = {row.name: row for row in _ROWS}

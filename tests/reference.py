@@ -115,3 +115,46 @@ def hpsgd(workers: int, steps: int, *, numel: int, lr: float, k: int, rate: floa
     if partial is not None:
         g_model = g_model + rate * partial
     return trace, g_model
+
+
+def cross_entropy_steps(model, opt, indices: Callable[[int], List[int]], x: torch.Tensor, y: torch.Tensor,
+                        steps: int) -> List[List[torch.Tensor]]:
+    """``steps`` steps of ``opt`` on the cross-entropy of ``model`` over the samples ``indices(step)`` of
+    ``x, y``; returns each step's gradients as the optimizer saw them (after an exchange, the averaged)."""
+    import torch.nn.functional as F
+
+    grads = []
+    for step in range(steps):
+        idx = indices(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads
+
+
+def global_batch_steps(model, sequence, x: torch.Tensor, y: torch.Tensor, steps: int, global_batch: int, *,
+                       lr: float) -> Tuple[List[torch.Tensor], List[List[torch.Tensor]]]:
+    """torch.optim.SGD in one process on each step's whole global batch (positions ``k*B .. (k+1)*B-1`` of
+    ``sequence``, a :class:`hvd_async.sampling.SharedCursorBatches`): the weights and gradients that
+    synchronous SGD over any split of those batches must give (lb-sgd)."""
+    grads = cross_entropy_steps(model, torch.optim.SGD(model.parameters(), lr=lr),
+                                lambda step: sequence.indices(step * global_batch, global_batch), x, y, steps)
+    return [p.detach().clone() for p in model.parameters()], grads
+
+
+def paced_draws(opt, now: List[float], speed: Callable[[int], float], num_samples: int, seed: int):
+    """``indices(step)`` for :func:`cross_entropy_steps` under an algorithm that sizes the batches
+    (lb-sgd): ``opt.strategy.batch_size`` samples drawn through the strategy's cursor, after the worker's
+    clock ``now[0]`` moved by that batch over ``speed(step)`` samples/s (its compute, injected instead
+    of timed). Returns ``(indices, sizes)``; ``sizes`` gets every worker's sizes each step drew with."""
+    from hvd_async.sampling import SharedCursorBatches
+
+    batches, sizes = SharedCursorBatches(num_samples, seed=seed, fetch_add=opt.strategy.batch_cursor()), []
+
+    def indices(step: int) -> List[int]:
+        sizes.append(opt.strategy.batch_sizes)
+        now[0] += opt.strategy.batch_size / speed(step)
+        return batches.draw(opt.strategy.batch_size)[1]
+
+    return indices, sizes

@@ -92,6 +92,9 @@ class SSGD(Strategy):
     name = "ssgd"
     Options = SSGDOptions
     fused_sgd = True  # torch's fused SGD skips a non-finite step itself: the guard reads nothing on the host
+    # what this worker's gradients are multiplied by as they go out to the allreduce (lb-sgd: its share
+    # of the step's samples, so that the average weights each sample alike)
+    grad_weight = 1.0
 
     @classmethod
     def make_transport(cls, named_parameters, options, comms):
@@ -126,6 +129,8 @@ class SSGD(Strategy):
 
     def _allreduce_async(self, p):
         name, op, factor = f"ssgd.{self._names[p]}", self.options.op, self.options.gradient_predivide_factor
+        if self.grad_weight != 1.0:
+            p.grad.mul_(self.grad_weight)
         if p.grad.is_sparse:
             if not self.options.sparse_as_dense:  # Horovod's sparse allreduce (indices and values)
                 values = p.grad.coalesce().values().reshape(-1)

@@ -26,8 +26,10 @@ class LoopbackGroup:
         self._results: Dict[Tuple[str, int], Any] = {}
         self._fetched: Dict[Tuple[str, int], int] = defaultdict(int)
 
-    def transport(self, rank: int) -> "LoopbackTransport":
-        return LoopbackTransport(self, rank)
+    def transport(self, rank: int, *, clock=None) -> "LoopbackTransport":
+        """Worker ``rank``'s transport; ``clock``: what its ``clock()`` reads (default: perf_counter; a
+        test gives each worker a clock it moves itself, to set the speeds the strategies measure)."""
+        return LoopbackTransport(self, rank, clock=clock)
 
     def _contribute(self, key, rank, value, combine) -> None:
         with self._cond:
@@ -54,8 +56,10 @@ class LoopbackGroup:
 
 
 class LoopbackTransport(CollectiveTransport):
-    def __init__(self, group: LoopbackGroup, rank: int):
+    def __init__(self, group: LoopbackGroup, rank: int, *, clock=None):
         super().__init__()
+        if clock is not None:
+            self._clock = clock
         if not 0 <= rank < group.size:
             raise ValueError(f"rank must be in 0..{group.size - 1}, got {rank}")
         self._group, self._rank = group, rank

@@ -21,7 +21,7 @@ import hvd_async as ha  # noqa: E402
 from hvd_async import registry  # noqa: E402
 
 SERVER_ALGOS = tuple(name for name in registry.NAMES if name not in registry.serverless())
-OPTIONS = {"hpsgd": {"window": 2}, "gossip": {"variant": "pull"}, "dbs-asgd": {"batch_size": 8},
+OPTIONS = {"hpsgd": {"window": 2}, "gossip": {"variant": "pull"}, "dbs-asgd": {"batch_size": 8}, "lb-sgd": {"batch_size": 8},
            "backup-sgd": {"backups": 0}}  # (no push dropped by timing: every worker's rows train in sparse_embeddings)
 # the optimizers torch ships that a worker-side algorithm runs as they are (and Horovod broadcasts)
 LOCAL_OPTIMIZERS = {

@@ -118,7 +118,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                  named_parameters=model.named_parameters(), algorithm=ALGO)
+                                  named_parameters=model.named_parameters(), algorithm=ALGO,
+                                  **({"batch_size": 16} if ALGO == "lb-sgd" else {}))
     me = ha.rank()
     leaving = me == LEAVER
     try:

@@ -26,7 +26,7 @@ frozen = [p.detach().clone() for p in model[0].parameters()]
 head = [p.detach().clone() for p in model[2].parameters()]
 opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
                               named_parameters=model.named_parameters(), algorithm=ALGO,
-                              **({"batch_size": 8} if ALGO == "dbs-asgd" else {}))
+                              **({"batch_size": 8} if ALGO in ("dbs-asgd", "lb-sgd") else {}))
 for step in range(15):
     g = torch.Generator().manual_seed(ha.rank() * 100 + step)
     x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)

@@ -23,7 +23,7 @@ OWN_OPTIONS = {  # options that make every piece of state non-trivial, where the
     "lc-asgd": {"lam": 0.1, "predictor": "mlp", "min_history": 2,
                 "predictor_options": {"warmup_steps": 1, "context": 3, "window": 8}},
     "softsync": {"n": 1}, "od-sgd": {"local_momentum": 0.5}, "easgd": {"tau": 2}, "hpsgd": {"window": 2},
-    "gossip": {"variant": "push"}, "backup-sgd": {"backups": 1},
+    "gossip": {"variant": "push"}, "backup-sgd": {"backups": 1}, "lb-sgd": {"batch_size": 8, "every": 2},
 }
 SERVERLESS = registry.serverless()
 # every algorithm of the registry, those on servers first (in a job with server ranks the first optimizer

@@ -79,14 +79,16 @@ def test_every_preset_is_valid():
     import glob
     import os
 
+    from hvd_async import registry
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     presets = sorted(glob.glob(os.path.join(root, "launch", "presets", "*.yaml")))
     assert {"ssgd.yaml", "asgd.yaml", "dc-asgd.yaml", "softsync.yaml", "od-sgd.yaml", "hpsgd.yaml",
-            "lc-asgd.yaml", "dbs-asgd.yaml", "gossip.yaml", "easgd.yaml", "backup-sgd.yaml"} <= {os.path.basename(p) for p in presets}
+            "lc-asgd.yaml", "dbs-asgd.yaml", "gossip.yaml", "easgd.yaml", "backup-sgd.yaml", "lb-sgd.yaml"} <= {os.path.basename(p) for p in presets}
     for path in presets:
         spec = _validate(["--config", path])
         assert spec.algo == os.path.basename(path)[:-5]
-        assert spec.layout.servers == (0 if spec.algo in ("ssgd", "hpsgd", "gossip") else 1)
+        assert spec.layout.servers == (0 if spec.algo in registry.serverless() else 1)
         assert spec.algorithm is not None
 
 

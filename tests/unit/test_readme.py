@@ -227,7 +227,7 @@ def test_the_situation_table_names_registered_algorithms_with_their_servers():
     for situation in ("one slow node", "slow network", "heterogeneous nodes", "frozen backbone",
                       "exact reproducibility"):
         assert situation in table, situation
-    assert len(registry.NAMES) == 11 and "eleven" in text  # "name one of eleven algorithms"
+    assert len(registry.NAMES) == 12 and "twelve" in text  # "name one of twelve algorithms"
 
 
 def _anchors(markdown: str) -> set:

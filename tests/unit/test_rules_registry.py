@@ -45,7 +45,7 @@ def test_mean_is_exact_average_in_order():
 
 def test_registry_names_every_algorithm_once():
     assert registry.NAMES == ("ssgd", "asgd", "dc-asgd", "lc-asgd", "od-sgd", "hpsgd", "gossip",
-                              "easgd", "softsync", "dbs-asgd", "backup-sgd")
+                              "easgd", "softsync", "dbs-asgd", "backup-sgd", "lb-sgd")
     assert registry.get("dc-asgd").uses_servers and not registry.get("gossip").uses_servers
 
 

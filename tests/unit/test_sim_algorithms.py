@@ -10,7 +10,7 @@ OWN_CASES = {  # where the default does not fit
     "softsync": (["--softsync-n", "2"], 5, 0.85), "dbs-asgd": (["--straggler", "1=3"], 5, 0.85),
     "ssgd": ([], 5, 0.9), "easgd": ([], 5, 0.9), "gossip": (["--gossip-variant", "push"], 5, 0.9),
     "hpsgd": ([], 5, 0.9), "od-sgd": (["--od-exchange", "allreduce"], 8, 0.9),
-    "backup-sgd": (["--straggler", "1=3"], 5, 0.9),
+    "backup-sgd": (["--straggler", "1=3"], 5, 0.9), "lb-sgd": (["--straggler", "1=3"], 5, 0.9),
 }
 CASES = {name: OWN_CASES.get(name, DEFAULT_CASE) for name in registry.NAMES}
 
@@ -27,7 +27,7 @@ def test_trains_digits(algo):
     assert record["final_test_accuracy"] >= floor, record["history"]
     assert record["history"][-1]["train_loss"] < record["history"][0]["train_loss"]
     assert record["workers"] == 4 and len(record["history"]) == epochs
-    if algo == "dbs-asgd":  # the slow worker is told to draw fewer samples (sizes by simulated speed)
+    if algo in ("dbs-asgd", "lb-sgd"):  # the slow worker is told to draw fewer samples (sizes by simulated speed)
         assert record["batch_sizes"][1] < min(record["batch_sizes"][0], record["batch_sizes"][2])
 
 
