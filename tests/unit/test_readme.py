@@ -208,6 +208,23 @@ def test_the_launch_lines_are_the_recipes_own():
         assert all(word in header for word in words if not word.startswith("NP=")), (recipe, call)
 
 
+def test_the_cluster_install_is_on_the_first_screen_and_names_what_exists():
+    """A cluster without root: pip into the user's environment, Horovod and mpi4py built against the site's
+    MPI, then hvd-async doctor; within the first 60 lines, and every file and command it names exists."""
+    text = _read("README.md")
+    (block,) = _blocks("sh")
+    assert text.index("```sh") < len("\n".join(text.splitlines()[:60])), "on the first screen"
+    assert "--no-binary mpi4py" in block and block.rstrip().endswith("hvd-async doctor"), block
+    for path in re.findall(r"scripts/[\w./-]+", block):
+        assert os.path.isfile(os.path.join(ROOT, path)), path
+    build = _read("scripts", "build_horovod.sh")
+    assert "HVD_REAL_CMAKE" in _read("scripts", "cmake-wrapper.sh") and "HOROVOD_GPU_OPERATIONS" in build
+    for words in ("HOROVOD_WITH_MPI=1", "HOROVOD_WITH_PYTORCH=1", "pip install --no-cache-dir horovod",
+                  "MPI_THREAD_MULTIPLE", "osc: ucx"):
+        assert words in " ".join(text.split()), words
+    assert "doctor" in __import__("hvd_async.cli", fromlist=["COMMANDS"]).COMMANDS
+
+
 # --- the table and the links --------------------------------------------------------------------------------
 
 def test_the_situation_table_names_registered_algorithms_with_their_servers():
