@@ -256,9 +256,10 @@ def test_no_import_cycle_in_the_package():
 # --- the job's description -------------------------------------------------------------------------
 
 # The command-line front ends: they parse flags and build the typed job (hvd_async.jobspec) from them;
-# hvd_async.sim's simulate() takes an argv list or a Namespace as its public form of the same.
+# hvd_async.sim's simulate() takes an argv list or a Namespace as its public form of the same;
+# hvd_async.doctor is a command of its own, which builds no job.
 FRONT_ENDS = {"hvd_async.cli", "hvd_async.config", "hvd_async.options", "hvd_async.sim", "hvd_async.sim.options",
-              "hvd_async.sim.runner"}
+              "hvd_async.sim.runner", "hvd_async.doctor"}
 
 
 def namespace_readers(source: str) -> list:

@@ -180,7 +180,7 @@ def test_config_file_value(capsys, tmp_path, text, bad, accepted):
 def test_unknown_command(capsys):
     assert cli.main(["trian"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hvd-async: error: unknown command 'trian'; choose one of: train, simulate, algorithms"]
+    assert err == ["hvd-async: error: unknown command 'trian'; choose one of: train, simulate, algorithms, doctor"]
 
 
 # ---------------------------------------------------------------- dataset files in the wrong format
