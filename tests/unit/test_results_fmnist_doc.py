@@ -40,3 +40,31 @@ def test_the_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds():
         assert {r["seed"] for r in record["runs"]} <= PROTOCOL_SEEDS, name
         commits.add(prov["commit"])
     assert len(commits) <= 1, f"the grid's records come from more than one commit: {sorted(commits)}"
+
+
+V2_SEEDS = {201, 202, 203, 204, 205}
+
+
+def test_the_second_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds():
+    """benchmarks/protocol_v2.md's real records (convergence_fmnist_v2_*.json, the simulator's
+    ..._sim_*.json aside): each part at a clean commit after the protocol's, all parts at one commit,
+    only the protocol's fresh seeds."""
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        return
+    added = git("log", "--diff-filter=A", "--format=%H", "--", "benchmarks/protocol_v2.md").splitlines()
+    names = sorted(n for n in os.listdir(RESULTS) if n.startswith("convergence_fmnist_v2_") and "_sim" not in n)
+    if not added:
+        assert not names, f"{names}: v2 records without a committed benchmarks/protocol_v2.md"
+        return
+    protocol, commits = added[-1], set()
+    for name in names:
+        with open(os.path.join(RESULTS, name)) as f:
+            record = json.load(f)
+        for part in record.get("parts", []) + [record["provenance"]]:
+            assert part["tree_clean"], name
+            assert part["commit"] != protocol, f"{name}: the grid must run at a commit after the protocol's"
+            follows = subprocess.run(["git", "merge-base", "--is-ancestor", protocol, part["commit"]], cwd=ROOT)
+            assert follows.returncode == 0, f"{name}: commit {part['commit'][:10]} does not follow {protocol[:10]}"
+            commits.add(part["commit"])
+        assert {r["seed"] for r in record["runs"]} <= V2_SEEDS, name
+    assert len(commits) <= 1, f"the second grid's records come from more than one commit: {sorted(commits)}"
