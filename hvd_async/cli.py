@@ -51,6 +51,7 @@ def _train(argv: List[str]) -> int:
     if sys.stderr.isatty() and job.progress == "auto":  # ranks' output is piped: tell them
         os.environ["HVD_ASYNC_PROGRESS"] = "1"
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    print(f"hvd-async train: {_starting(spec)}", file=sys.stderr, flush=True)  # the ranks take seconds to start
     restarts = 0
     while True:
         run_argv = list(job_argv)
@@ -80,6 +81,15 @@ def _train(argv: List[str]) -> int:
         newest = checkpoint.latest(job.checkpoint_dir)
         print(f"hvd-async train: {why}; restart {restarts} of {launch.max_restarts} from "
               f"{newest or 'the start (no checkpoint was written yet)'}", file=sys.stderr, flush=True)
+
+
+def _starting(spec) -> str:
+    """The first line on the screen: what starts, on how many processes."""
+    layout, job = spec.layout, spec.job
+    servers = f" + {layout.servers} server(s)" if layout.servers else ""
+    return (f"starting {spec.algo} on {job.dataset} ({job.model}), {job.epochs} epoch(s): {layout.workers} "
+            f"worker(s){servers}, {layout.world_size} MPI processes (importing torch and starting Horovod "
+            f"takes some seconds)")
 
 
 # exit codes of the job that a restart would not change: done, bad input, stopped on a non-finite

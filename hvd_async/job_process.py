@@ -143,7 +143,8 @@ def main(argv, train_worker) -> int:
     threads = world.allgather(mine)
     torch.set_num_threads(threads[world.rank])
     if world.rank == ha.num_servers():  # worker 0
-        say(f"torch threads per rank (world ranks 0..{world.size - 1}, servers first): {' '.join(map(str, threads))}")
+        order = ", servers first" if ha.num_servers() else ""
+        say(f"torch threads per rank (world ranks 0..{world.size - 1}{order}): {' '.join(map(str, threads))}")
     if ha.is_server():
         report = ha.serve(worker_timeout=job.worker_timeout, threads=threads[world.rank])
         for shard in report.shards if any(s.pushes for s in report.shards) else ():  # (none: the job failed)
@@ -151,7 +152,8 @@ def main(argv, train_worker) -> int:
             say(f"server {shard.shard}: {shard.algorithm} shard of {shard.numel} parameters: {shard.updates} "
                 f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
-                f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push")
+                + (f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push"
+                   if shard.busy_seconds else "pushes applied by MPI itself (no server time)"))
         if report.dropped:
             say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
                 f"which made no progress for {job.worker_timeout:g} s (--worker-timeout)")

@@ -188,7 +188,7 @@ def _ended(slurm, submit, out: str, timeout: float):
 
 
 def _threads(text: str):
-    found = re.search(r"torch threads per rank \(world ranks 0\.\.(\d+), servers first\): ([\d ]+)", text)
+    found = re.search(r"torch threads per rank \(world ranks 0\.\.(\d+)(?:, servers first)?\): ([\d ]+)", text)
     assert found, text[-3000:]
     return int(found.group(1)) + 1, [int(t) for t in found.group(2).split()]
 
