@@ -180,20 +180,27 @@ class BackupProgram(MailboxProgram):
 
     def apply_mean(self, kwargs) -> None:
         """One SGD step (``kwargs``: the last accepted push's) with the mean of the accepted gradients,
-        the division folded into the step."""
+        the division folded into the step, slice by slice."""
         total, inverse = self.mean.sum_()
-        self.sgd.step_(self.host.weights, [(total, inverse)], self.sgd_state, out=self.scratch, **kwargs)
+        self.blocks.run(self.mean_step(total, inverse, kwargs))
 
     def maybe_apply(self) -> None:
-        """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing)."""
+        """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing); the
+        accepted workers' answers then in one sweep (each slice of the weights read once for all)."""
         if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
             return
         workers = [m for m, _ in self.accepted]
         self.apply_mean(self.accepted[-1][1].sgd_kwargs())
+
+        def answers(sl, scratch) -> None:
+            for m in workers:
+                self.answer_slice(m, sl, scratch)
+
+        self.blocks.run(answers)
         self.host.bump([0] * len(workers), pushes=len(workers))
         self.accepted = []
         for m in workers:
-            self.snapshot(m)
+            self.snapshot(m, copy=False)
             self.host.answer(m, 0, W.Status.APPLIED)
 
     def state_dict(self) -> Dict:

@@ -64,11 +64,10 @@ class PushClip:
         return bound / norm if clipped else 1.0
 
 
-def change_sq(state, term, grad: torch.Tensor, r: float) -> float:
+def change_sq(term, grad: torch.Tensor, r: float, diff: torch.Tensor) -> float:
     """``||r * (grad + term) - grad||^2``, what a step scaled by ``r`` adds to the gradient (``term``
-    None: none), through a scratch tensor of ``state``'s where ``r`` is not 1 (no temporary: see
-    DCRule.compensated)."""
-    diff, = state.scratch_diff.take(grad, 1)  # (taken at the first push: the memory does not grow once r departs from 1)
+    None: none), through ``diff`` (a scratch tensor like ``grad``) where ``r`` is not 1. Elementwise but
+    for the norm: on one slice of a shard it gives that slice's part of the sum."""
     if r == 1.0:
         return 0.0 if term is None else float(term.norm()) ** 2
     torch.mul(grad, r - 1.0, out=diff)

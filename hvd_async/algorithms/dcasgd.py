@@ -133,15 +133,16 @@ class DCProgram(MailboxProgram):
         """Whether this push gets the compensation (``compensate``: always, or only where uncovered)."""
         return self.compensate == "always" or self.host.version > self.computed_at(worker, payload)
 
-    def compensation(self, worker, grad, payload) -> Tuple[Optional[torch.Tensor], float, float]:
-        """``(term, r, size)``: this push's step is ``r * (grad + term)`` (``term`` None: no term; dc-asgd's
-        ``r`` is 1), and ``size`` the squared norm of what the step adds to the gradient (the workers'
-        stats, TensorBoard ``compensation/``). The norm is taken of the term before it joins the gradient,
-        so measuring costs one reduction and no pass of its own; the step itself is never formed (the
-        SGD step adds each part into the momentum buffer: :meth:`SGDRule.direction_`)."""
-        active = self.active_for(worker, payload)
-        term = self.rule.term(self.host.weights, grad, self.state, worker, active=active)
-        return term, 1.0, 0.0 if term is None else float(term.norm()) ** 2
+    def plan(self, worker, payload) -> Tuple[bool, float]:
+        """Before the push's slices: whether it gets the compensation, and the factor ``r`` its step
+        ``r * (grad + term)`` is scaled by (dc-asgd's is 1)."""
+        return self.active_for(worker, payload), 1.0
+
+    def change_sq(self, term, grad, r: float, scratch) -> float:
+        """One slice's part of the squared norm of what the step adds to the gradient (the workers'
+        stats, TensorBoard ``compensation/``): the term's, taken before it joins the gradient, so that
+        measuring costs no pass of its own."""
+        return 0.0 if term is None else float(term.norm()) ** 2
 
     def computed_at(self, worker, payload) -> int:
         """The version the worker's gradient stands for. Without the look-ahead, the one it pulled.
@@ -201,25 +202,40 @@ class DCProgram(MailboxProgram):
         self.state.load(tensors_copy(state["rule"]))
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
-        """The push in a fixed few passes over the shard: the term (:meth:`DCRule.term`), then the
-        gradient and the term added straight into the momentum buffer, the look-ahead's sum following
-        the buffer, the weights, the answer (:meth:`SGDRule.step_`)."""
+        """The push in one sweep over the shard after the finite check, slice by slice
+        (:class:`~hvd_async.rules.Blocks`): the term (:meth:`DCRule.term_of`), the gradient and the
+        term added straight into the momentum buffer, the look-ahead's sum following the buffer, the
+        weights, the answer (:meth:`SGDRule.step_`). What is not elementwise is a number known before
+        the slices (the push clip's norms, lc-asgd's ratio ``r``) or a sum of theirs (the
+        compensation's size)."""
         staleness = self.staleness(worker)
-        term, scale, compensation_sq = self.compensation(worker, grad, payload)
+        active, r = self.plan(worker, payload)
         if grad_norm is None:
             grad_norm = float(grad.norm())
-        self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
+        scale = r  # the step's factor: r, and the push clip's (which the compensation's size leaves out)
         if self.push_clip is not None:  # on the whole gradient's norm (the worker sends it): every shard alike
             whole = payload.grad_norm
             scale *= self.push_clip.scale(whole if whole > 0 else grad_norm)
         kwargs, buffer = payload.sgd_kwargs(), self.buffer(worker)
+        self.sgd.ready_buffer_(buffer, grad, kwargs["momentum"])
+        step, ahead_total = self.ahead(worker, kwargs)
+        weights, mean_square = self.host.weights, self.state.mean_square
+        backup = self.host.outbox[worker] if active else None  # what the worker received: w_bak
         total = None if self.lookahead is None else self.lookahead.total
-        out = self.state.scratch.take(grad, 2)[1]  # free once the term is made (Nesterov's direction)
-        self.sgd.step_(self.host.weights, [(grad, scale), (term, scale)], buffer, total=total, out=out, **kwargs)
+
+        def chain(sl, scratch) -> float:
+            w, g = weights[sl], grad[sl]
+            term = self.rule.term_of(w, g, None if backup is None else backup[sl],
+                                     None if mean_square is None else mean_square[sl], scratch)
+            size = self.change_sq(term, g, r, scratch)
+            out = scratch.take(g, 2)[1]  # free once the term is made (Nesterov's direction)
+            self.sgd.step_(w, [(g, scale), (term, scale)], self.sgd.sliced(buffer, sl),
+                           total=None if total is None else total[sl], out=out, **kwargs)
+            self.answer_slice(worker, sl, scratch, step, ahead_total)
+            return size
+
+        compensation_sq = self.blocks.run(chain)
+        self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         self.host.bump([staleness])
-        if self.lookahead is None:
-            self.snapshot(worker)
-        else:
-            self.snapshot(worker, copy=False)
-            self.lookahead.answer(self.host.outbox[worker], self.host.weights, *self.ahead(worker, kwargs))
+        self.snapshot(worker, copy=False)
         self.host.answer(worker, staleness, W.Status.APPLIED)

@@ -136,10 +136,13 @@ class LCProgram(DCProgram):
         return self.rule.compensated(self.host.weights, grad, self.state, worker, loss=loss,
                                      version_now=self.host.version, version_pulled=version)
 
-    def compensation(self, worker, grad, payload) -> Tuple[Optional[torch.Tensor], float, float]:
-        """dc-asgd's term on every push, ``r`` from the predicted losses, and the squared distance of
-        the step from the gradient (the loss ratio scales the gradient too)."""
+    def plan(self, worker, payload) -> Tuple[bool, float]:
+        """Every push compensated, and ``r`` from the predicted losses (the push's loss observed first)."""
         loss, version = self.observed(worker, payload)
-        r = self.rule.scale(self.state, worker, loss, self.host.version, version)
-        term = self.rule.term(self.host.weights, grad, self.state, worker)
-        return term, r, change_sq(self.state, term, grad, r)
+        return True, self.rule.scale(self.state, worker, loss, self.host.version, version)
+
+    def change_sq(self, term, grad, r: float, scratch) -> float:
+        """The slice's part of ``||r * (grad + term) - grad||^2`` (the loss ratio scales the gradient
+        too), through ``scratch``'s third tensor (taken at the first push: the memory does not grow once
+        ``r`` departs from 1)."""
+        return change_sq(term, grad, r, scratch.take(grad, 3)[2])

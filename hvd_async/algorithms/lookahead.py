@@ -61,15 +61,18 @@ class Lookahead:
         else:
             self.total.copy_(total)
 
-    def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float, total=None) -> None:
+    def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float, total=None, wide=None) -> None:
         """``out <- weights - step * sum_k buf_k`` in one pass (``step``: the rate per push times the
         momentum; ``out``: the worker's outbox slot, fp16 under compression). ``total``: the shared
-        buffer, in place of the sum (with ``step`` from :meth:`shared_step`)."""
+        buffer, or a slice of the sum, in place of the sum (with ``step`` from :meth:`shared_step`).
+        ``wide``: an fp32 tensor like ``weights`` for an fp16 ``out`` (default: one kept here)."""
         total = self.total if total is None else total
         if step and out.dtype != weights.dtype:  # an fp16 slot: torch would cast via a fresh temporary
-            if self.wide is None:
-                self.wide = torch.empty_like(weights)
-            out.copy_(torch.add(weights, total, alpha=-step, out=self.wide))
+            if wide is None:
+                if self.wide is None:
+                    self.wide = torch.empty_like(weights)
+                wide = self.wide
+            out.copy_(torch.add(weights, total, alpha=-step, out=wide))
         elif step:
             torch.add(weights, total, alpha=-step, out=out)
         else:

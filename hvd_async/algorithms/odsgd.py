@@ -217,11 +217,11 @@ class _GlobalStepProgram(SoftSyncProgram):
                                                lookahead=False))
         host.reset_writing_mark()
 
-    def maybe_apply(self) -> None:
+    def maybe_apply(self, fold=None) -> None:
         # marked on every call: whether this one writes is softsync's business (a mark without a
         # write only sends a reader that happens to look meanwhile to the snapshot)
         with self.host.writing_weights():
-            super().maybe_apply()
+            super().maybe_apply(fold)
 
     def load_state_dict(self, state: Dict) -> None:
         super().load_state_dict(state)

@@ -33,14 +33,14 @@ in ``stats()["skipped_nonfinite"]`` and logs it; the servers check again before 
 """
 import dataclasses
 import logging
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ..checkpoint import tensors_copy
 from ..checks import all_finite, norm_if_finite
-from ..rules import Scratch, SGDRule
+from ..rules import Blocks, Scratch, SGDRule
 from ..transport import window as W
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, finite_grads
@@ -282,7 +282,35 @@ class MailboxProgram(W.ServerProgram):
         self.started = False
         self.sgd = SGDRule()
         self.sgd_state: Dict = {}
-        self.scratch = Scratch()  # the SGD step's direction where it is formed (Nesterov, no momentum), reused
+        # a push's arithmetic, slice by slice, on the host's threads (a host without the attribute: one)
+        self.blocks = Blocks(host.weights.numel(), threads=getattr(host, "threads", 1))
+
+    def close(self) -> None:
+        self.blocks.close()
+
+    def answer_slice(self, worker: int, sl: slice, scratch: Scratch, step: float = 0.0, total=None) -> None:
+        """Slice ``sl`` of ``worker``'s answer in its outbox slot: the weights, or with the look-ahead's
+        ``step`` the look-ahead point (``total``: the shared buffer in place of the sum; an fp16 slot
+        is written through ``scratch``'s third tensor). Nothing where the windows have no outbox."""
+        if self.host.outbox is None:
+            return
+        out, weights = self.host.outbox[worker][sl], self.host.weights[sl]
+        if self.lookahead is None or not step:
+            out.copy_(weights)
+            return
+        total = self.lookahead.total if total is None else total
+        wide = scratch.take(weights, 3)[2] if out.dtype != weights.dtype else None
+        self.lookahead.answer(out, weights, step, total[sl], wide=wide)
+
+    def mean_step(self, total: torch.Tensor, factor: float, kwargs) -> Callable[[slice, Scratch], None]:
+        """The chain (for :attr:`blocks`) of one SGD step of the weights with ``factor * total`` (a
+        running mean's sum, the division folded in), through the shared momentum buffer."""
+        self.sgd.ready_buffer_(self.sgd_state, total, kwargs["momentum"])
+        weights, state = self.host.weights, self.sgd_state
+
+        def chain(sl: slice, scratch: Scratch) -> None:
+            self.sgd.step_(weights[sl], [(total[sl], factor)], self.sgd.sliced(state, sl), out=scratch, **kwargs)
+        return chain
 
     def snapshot(self, worker: int, copy: bool = True, slot: Optional[int] = None) -> None:
         """The current weights into ``worker``'s outbox slot (its backup ``w_bak(worker)``); with

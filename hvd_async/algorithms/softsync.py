@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 from ..checkpoint import tensors_copy
 from ..checks import is_int_at_least, user_stacklevel
 from ..options import option
-from ..rules import RunningMean
+from ..rules import RunningMean, fold_
 from ..transport import window as W
 from .groups import (SERVER_MOMENTA, SERVER_MOMENTUM_DEFAULT, Compression, InboxSlots, LookaheadOption,
                      OptionGroup, PushRate, ServerMomentum, check_choice)
@@ -148,17 +148,30 @@ class SoftSyncProgram(MailboxProgram):
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         """Fold the gradient (or, with per-worker momentum, its worker's direction) into the running
         mean at once: the weights do not move before the aggregate, so each term is what it would be
-        then, and the inbox slot is free again."""
+        then, and the inbox slot is free again. A push that completes the aggregate folds, applies it
+        and writes the answers slice by slice (:meth:`maybe_apply`)."""
         staleness = self.staleness(worker)
+        factor, first = self.mean.count_(staleness)
+        weights, mean = self.host.weights, self.mean.total
+        buffer, kwargs, total = None, None, None
         if self.momentum is not None:  # the worker's direction (its buffer; the look-ahead's sum follows it)
-            kwargs = payload.sgd_kwargs()
+            kwargs, buffer = payload.sgd_kwargs(), self.momentum[worker]
             del kwargs["lr"]
+            self.sgd.ready_buffer_(buffer, grad, kwargs["momentum"])
             total = None if self.lookahead is None else self.lookahead.total
-            grad = self.sgd.direction_(self.host.weights, [(grad, 1.0)], self.momentum[worker], total=total,
-                                       out=self.scratch, **kwargs)
-        self.mean.add(grad, staleness)
+
+        def fold(sl, scratch) -> None:
+            g = grad[sl]
+            if buffer is not None:
+                g = self.sgd.direction_(weights[sl], [(g, 1.0)], self.sgd.sliced(buffer, sl),
+                                        total=None if total is None else total[sl], out=scratch, **kwargs)
+            fold_(mean[sl], g, factor, first)
+
         self.pending.append((worker, payload, staleness))
-        self.maybe_apply()
+        if self.complete():
+            self.maybe_apply(fold)
+        else:
+            self.blocks.run(fold)
 
     def waiting_on(self):
         """Gradients wait for the aggregate: every worker still pushing may be the one it waits for."""
@@ -185,34 +198,54 @@ class SoftSyncProgram(MailboxProgram):
         super().on_leave(worker)
         self.maybe_apply()
 
-    def apply_mean(self, kwargs) -> None:
-        """The aggregate's step: the mean of the running sum at the rate ``kwargs`` give (scaled by the
-        push rate), the division folded into the step; through the shared buffer, or of the workers'
-        directions already through theirs."""
+    def mean_chain(self, kwargs):
+        """The aggregate's step as a chain of slices: the mean of the running sum at the rate ``kwargs``
+        give (scaled by the push rate), the division folded into the step; through the shared buffer,
+        or of the workers' directions already through theirs."""
         total, inverse = self.mean.sum_()
         if self.momentum is None:
-            self.sgd.step_(self.host.weights, [(total, self.rate * inverse)], self.sgd_state,
-                           out=self.scratch, **kwargs)
-        else:
-            self.host.weights.add_(total, alpha=-self.rate * kwargs["lr"] * inverse)
+            return self.mean_step(total, self.rate * inverse, kwargs)
+        weights, alpha = self.host.weights, -self.rate * kwargs["lr"] * inverse
 
-    def maybe_apply(self) -> None:
-        """Apply once ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
-        if not self.pending or len(self.pending) < max(1, min(self.c, len(self.active))):
+        def chain(sl, scratch) -> None:
+            weights[sl].add_(total[sl], alpha=alpha)
+        return chain
+
+    def apply_mean(self, kwargs) -> None:
+        """The aggregate's step alone, where no push comes with it (a worker left)."""
+        self.blocks.run(self.mean_chain(kwargs))
+
+    def complete(self) -> bool:
+        """Whether the ``c`` gradients are in (fewer when fewer workers are pushing at all)."""
+        return bool(self.pending) and len(self.pending) >= max(1, min(self.c, len(self.active)))
+
+    def maybe_apply(self, fold=None) -> None:
+        """Apply once the aggregate is :meth:`complete`. With ``fold`` (the completing push's chain) the
+        fold, the step and the answers of one slice go before the next slice's."""
+        if not self.complete():
             return
         workers = [m for m, _, _ in self.pending]
         staleness = [s for _, _, s in self.pending]
         last = self.pending[-1][1].sgd_kwargs()  # the rate and momentum of the aggregate's step
-        self.apply_mean(last)
-        self.host.bump(staleness, pushes=len(workers))
-        self.pending = []
+        if fold is None:
+            self.apply_mean(last)
+        else:
+            apply = self.mean_chain(last)
         # with the look-ahead, each push's share of an aggregate's rate is rate * lr / c
         step = self.rate * last["lr"] * last["momentum"] / len(workers) if Lookahead.applies(last) else 0.0
-        for m, s in zip(workers, staleness):
-            if self.lookahead is None:
-                self.snapshot(m, copy=self.outbox_on_push)
-            else:
-                self.snapshot(m, copy=False)
-                self.lookahead.answer(self.host.outbox[m], self.host.weights, step)
-            self.host.answer(m, s, W.Status.APPLIED)
+        answered = workers if self.outbox_on_push else []  # (else the pushers read the weights window)
 
+        def chain(sl, scratch) -> None:
+            if fold is not None:
+                fold(sl, scratch)
+                apply(sl, scratch)
+            for m in answered:
+                self.answer_slice(m, sl, scratch, step)
+
+        if fold is not None or answered:
+            self.blocks.run(chain)
+        self.host.bump(staleness, pushes=len(workers))
+        self.pending = []
+        for m, s in zip(workers, staleness):
+            self.snapshot(m, copy=False)
+            self.host.answer(m, s, W.Status.APPLIED)

@@ -79,20 +79,26 @@ class DCRule(Rule):
         """The compensation ``lam_t * g * g * (w - w_bak(worker))`` alone, in the scratch tensor that
         :meth:`compensated` returns (updates ``MS`` if adaptive); None where it is off (``lam`` 0, or
         not ``active``). ``joined(term, grad, state)`` is then that step, bit for bit."""
-        step, work = state.scratch.take(grad, 2)
+        backup = state.backup[worker] if self.lam and active else None
+        return self.term_of(weights, grad, backup, state.mean_square, state.scratch)
+
+    def term_of(self, weights, grad, backup, mean_square, scratch: Scratch) -> Optional[torch.Tensor]:
+        """:meth:`term` on the tensors given: ``backup`` (None: no term; ``MS`` is updated all the same),
+        ``mean_square`` (None without ``adaptive``), and the result in ``scratch``'s first tensor. Every
+        operation is elementwise, so a server may pass views of one slice of its shard at a time
+        (:class:`~hvd_async.rules.Blocks`) and gets each element as the whole shard's call gives it."""
+        step, work = scratch.take(grad, 2)
         if self.adaptive:
-            ms = state.mean_square
-            ms.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
-        if not (self.lam and active):
+            mean_square.mul_(self.ms_momentum).addcmul_(grad, grad, value=1.0 - self.ms_momentum)
+        if not (self.lam and backup is not None):
             return None
-        backup = state.backup[worker]
         if backup.dtype != weights.dtype:  # an fp16 outbox slot: widened here, not into a temporary
             backup = step.copy_(backup)
         torch.sub(weights, backup, out=step)  # the drift
         step.mul_(grad)
         if not self.adaptive:  # lam * g * (g * drift), one pass
             return torch.addcmul(_ZERO, step, grad, value=self.lam, out=step)
-        torch.add(state.mean_square, self.eps, out=work).sqrt_()
+        torch.add(mean_square, self.eps, out=work).sqrt_()
         step.mul_(grad)  # lam * (g * g * drift) / sqrt(MS + eps), one pass
         return torch.addcdiv(_ZERO, step, work, value=self.lam, out=step)
 

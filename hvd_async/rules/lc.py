@@ -170,6 +170,10 @@ class LCRule(Rule):
         :meth:`scale`; a server adds both parts into its momentum buffer without forming the step."""
         return self._dc.term(weights, grad, state, worker)
 
+    def term_of(self, weights, grad, backup, mean_square, scratch) -> Optional[torch.Tensor]:
+        """:meth:`DCRule.term_of`: the term on the tensors given (one slice of a shard)."""
+        return self._dc.term_of(weights, grad, backup, mean_square, scratch)
+
     def compensated(self, weights, grad, state, worker: int, *, loss: Optional[float],
                     version_now: int, version_pulled: Optional[int] = None) -> torch.Tensor:
         """``r * (g + lam_t * g * g * (w - w_bak(worker)))`` as a new tensor."""

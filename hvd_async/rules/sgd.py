@@ -69,6 +69,21 @@ class SGDRule(Rule):
             total.add_(buf)
         return buf
 
+    @staticmethod
+    def ready_buffer_(state, like: torch.Tensor, momentum: float) -> None:
+        """Make, as zeros, the momentum buffer a push with ``momentum`` steps through where ``state`` has
+        none yet: a push applied slice by slice (:class:`~hvd_async.rules.Blocks`) then steps views of
+        one buffer, and ``momentum * 0 + d`` is the ``d`` that the first push would have copied in."""
+        if momentum and state.get("momentum_buffer") is None:
+            state["momentum_buffer"] = torch.zeros_like(like)
+
+    @staticmethod
+    def sliced(state, sl: slice) -> dict:
+        """``state`` with its momentum buffer (if any) as a view of slice ``sl``: what :meth:`step_` and
+        :meth:`direction_` take for one slice of a shard (make the buffer first: :meth:`ready_buffer_`)."""
+        buf = state.get("momentum_buffer")
+        return {} if buf is None else {"momentum_buffer": buf[sl]}
+
     def step_(self, weights, terms, state, *, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
               total=None, out=None) -> torch.Tensor:
         """``w <- w - lr * d`` with :meth:`direction_`'s ``d``: one server push's SGD in a few passes."""

@@ -5,7 +5,7 @@ gradient gets is ``lr / tau``: ``g_agg = mean_i g_i / max(1, tau_i)``. Staleness
 was computed on the weights it is applied to) and 1 both keep the full rate; the ``max`` is our
 choice, so that 1-softsync (every gradient fresh) is exactly synchronous averaging.
 """
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import torch
 
@@ -29,16 +29,29 @@ def staleness_scaled_mean_(grads: Sequence[torch.Tensor], staleness: Sequence[in
                          f"{len(grads)} gradient(s) and {len(staleness)} staleness value(s)")
     out.zero_()
     for grad, tau in zip(grads, staleness):
-        _fold_(out, grad, tau, scale)
+        fold_(out, grad, term_factor(tau, scale))
     return out.div_(len(grads))
 
 
-def _fold_(out: torch.Tensor, grad: torch.Tensor, staleness: int, scale: bool) -> None:
-    """``out += grad / max(1, tau)`` (``out += grad`` without ``scale``): one term of the mean."""
-    if scale and staleness > 1:
-        out.add_(grad, alpha=1.0 / staleness_divisor(staleness))
-    else:
+def term_factor(staleness: int, scale: bool = True) -> float:
+    """What a gradient of this staleness is multiplied by in the mean's sum: ``1 / max(1, tau)``, or 1
+    without ``scale``."""
+    return 1.0 / staleness_divisor(staleness) if scale else 1.0
+
+
+def fold_(out: torch.Tensor, grad: torch.Tensor, factor: float, first: bool = False) -> None:
+    """``out += factor * grad`` (``out = factor * grad`` for the sum's ``first`` term: written, not
+    added to zeros, one pass less and the same bits): one term of the mean. Elementwise: ``out`` and
+    ``grad`` may be views of one slice of a shard."""
+    if first:
+        if factor == 1.0:
+            out.copy_(grad)
+        else:
+            torch.mul(grad, factor, out=out)
+    elif factor == 1.0:
         out.add_(grad)
+    else:
+        out.add_(grad, alpha=factor)
 
 
 class RunningMean:
@@ -53,15 +66,14 @@ class RunningMean:
         self.count = 0
 
     def add(self, grad: torch.Tensor, staleness: int = 0) -> None:
-        if self.count == 0:  # the first term written, not added to zeros (one pass less, the same bits)
-            factor = 1.0 / staleness_divisor(staleness) if self.scale else 1.0
-            if factor == 1.0:
-                self.total.copy_(grad)
-            else:
-                torch.mul(grad, factor, out=self.total)
-        else:
-            _fold_(self.total, grad, staleness, self.scale)
+        fold_(self.total, grad, *self.count_(staleness))
+
+    def count_(self, staleness: int = 0) -> Tuple[float, bool]:
+        """Count one more gradient without adding it: its factor and whether it is the sum's first, for
+        a caller that folds it in slice by slice (``fold_(total[sl], grad[sl], factor, first)``)."""
+        first = self.count == 0
         self.count += 1
+        return term_factor(staleness, self.scale), first
 
     def sum_(self):
         """``(total, 1 / count)``: the sum of the gradients added since the last call and the factor that

@@ -79,6 +79,9 @@ class ServerProgram:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         pass
 
+    def close(self) -> None:
+        """The shard is closing: free what the program owns (threads)."""
+
 
 class ShardHost:
     """The server side of one transport on one server rank: owns shard ``shard``'s windows.
@@ -91,10 +94,11 @@ class ShardHost:
     # what the server's busy time (META_BUSY_US) is measured with (the simulator's servers take no time)
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, comm, spec: WindowSpec, shard: int, make_program, *, windows=None):
+    def __init__(self, comm, spec: WindowSpec, shard: int, make_program, *, windows=None, threads: int = 1):
         """``windows``: the memory the shard lives in; None opens its MPI windows over ``comm``
-        (collective with the workers' side). The simulator passes plain memory with the same methods."""
-        self.spec, self.shard, self.comm = spec, shard, comm
+        (collective with the workers' side). The simulator passes plain memory with the same methods.
+        ``threads``: how many threads the program may apply a push on (``serve(threads=)``)."""
+        self.spec, self.shard, self.comm, self.threads = spec, shard, comm, threads
         self.numel = n = spec.shard_len(shard)
         self._win = _Windows(comm, spec, shard) if windows is None else windows
         self._win.lock_all()
@@ -318,6 +322,7 @@ class ShardHost:
 
     def close(self) -> ShardStats:
         """Free the windows (collective with the workers' ``close``) and return the shard's statistics."""
+        self.program.close()
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            pushes_in(self.meta, self.spec.mode), self.skipped_nonfinite,
