@@ -5,5 +5,5 @@ from .lc import LCRule, LCState
 from .sgd import SGDRule, mean_
 from .staleness import RunningMean, fold_, staleness_scaled_mean_
 
-__all__ = ["BLOCK", "Blocks", "Rule", "Scratch", "DCRule", "LCRule", "SGDRule", "mean_", "RunningMean", "fold_",
+__all__ = ["BLOCK", "Blocks", "Rule", "Scratch", "DCRule", "DCState", "LCRule", "LCState", "SGDRule", "mean_", "RunningMean", "fold_",
            "staleness_scaled_mean_"]

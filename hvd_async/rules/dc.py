@@ -13,7 +13,7 @@ worker per shard) and passed in ``state.backup``: this rule reads them and does 
 because only the caller knows what the worker received.
 """
 import dataclasses
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 

@@ -148,7 +148,6 @@ class SimComms:
 
 def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
     """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
-    job = spec.job
     cluster = Cluster(spec, sim)
     delays = worker_delays(spec, sim)
 

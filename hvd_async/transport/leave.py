@@ -30,7 +30,7 @@ interleaving of 2 and 3 workers.
 """
 import os
 import time
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple
 
 import numpy as np
 

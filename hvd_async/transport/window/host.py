@@ -184,12 +184,9 @@ class ShardHost:
 
         status = MPI.Status()
         handled = 0
-        for handled in range(budget):
-            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-                break
+        while handled < budget and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             self.handle(status.Get_source(), status.Get_tag())
-        else:
-            handled = budget
+            handled += 1
         if self.worker_timeout is not None:
             waiting = self.program.waiting_on()
             if waiting:
