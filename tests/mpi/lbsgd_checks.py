@@ -1,4 +1,4 @@
-"""lb-sgd under mpirun, run by tests/test_lbsgd.py: ``SERVERS=0 mpirun -np W python lbsgd_checks.py [CHECK ...]``.
+"""lb-sgd under mpirun, run by tests/test_lbsgd_mpi.py: ``SERVERS=0 mpirun -np W python lbsgd_checks.py [CHECK ...]``.
 
 Each worker's speed is injected through the clock its Horovod transport reads (moved by its batch over
 its speed before each step), not timed. Every worker draws ``opt.strategy.batch_size`` samples through
