@@ -56,3 +56,10 @@ def test_the_fault_matrix_in_reliability_md_is_the_records():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_faults_doc.py"), "--check"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_server_capacity_table_in_the_guide_is_its_record():
+    """docs/guide.md's server capacity table is generated from benchmarks/results/push_bandwidth.json."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_capacity_doc.py"), "--check"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
