@@ -367,7 +367,7 @@ def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> N
         if value is None or value == defaults.get_default(dest):
             continue
         shown = flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}"
-        raise ConfigError(f"{shown} has no meaning under {spec.algo}; it works with: {', '.join(names)} "
+        raise ConfigError(f"{shown} has no meaning under {spec.algo}; it works with: {', '.join(sorted(names))} "
                           f"(leave it out here)")
     servers = registry.uses_servers(spec.algo, spec.algorithm)
     if spec.job.deterministic and (servers or cls.peer_windows):

@@ -243,10 +243,11 @@ def options():
         opt.close()
     if ha.num_servers():
         model = model_for(5)
+        works = {name: ", ".join(sorted(algos)) for name, algos in ha.optimizer._where_supported().items()}
+        assert "ssgd" in works["compression"] and "ssgd" in works["op"] and "asgd" not in works["op"].split(", ")
         for kw, says in (({"compression": hvd.Compression.fp16},
-                          "compression='fp16' has no meaning under asgd; it works with: backup-sgd, dc-asgd, "
-                          "lc-asgd, softsync, ssgd"),
-                         ({"op": hvd.Sum}, "op='sum' has no meaning under asgd; it works with: ssgd"),
+                          f"compression='fp16' has no meaning under asgd; it works with: {works['compression']}"),
+                         ({"op": hvd.Sum}, f"op='sum' has no meaning under asgd; it works with: {works['op']}"),
                          ({"op": hvd.Adasum}, "op=hvd.Adasum is not supported by hvd_async")):
             try:
                 ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

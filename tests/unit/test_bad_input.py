@@ -81,7 +81,7 @@ TRAIN = [
     ("lam-inf", ["--algo", "dc-asgd", "--lam", "inf"], "inf", "--lam must be a number >= 0 and finite"),
     # another algorithm's option: refused as the Python API refuses it (the job dropped it without a word)
     ("fp16-under-asgd", ["--algo", "asgd", "--fp16-allreduce"], "--fp16-allreduce",
-     "has no meaning under asgd; it works with: ssgd (leave it out here)"),
+     "has no meaning under asgd; it works with: lb-sgd, ssgd (leave it out here)"),
     ("lam-under-asgd", ["--algo", "asgd", "--lam", "1"], "--lam 1.0",
      "has no meaning under asgd; it works with: dc-asgd, lc-asgd (leave it out here)"),
     ("window-under-ssgd", ["--window", "8"], "--window 8", "has no meaning under ssgd; it works with: hpsgd"),
