@@ -80,9 +80,9 @@ def serve():
     program_class = odsgd._GlobalStepProgram
     apply, request = program_class.maybe_apply, program_class.on_request
 
-    def recording_apply(self):
+    def recording_apply(self, *args, **kwargs):
         before = self.host.version
-        apply(self)
+        apply(self, *args, **kwargs)
         if self.host.version != before:
             held.add(crc(self.host.weights))
 
