@@ -1,4 +1,4 @@
-"""The package's shape (issue 18): every module says its job in a docstring, none grows past 450 lines
+"""The package's shape (issue 18): every module says its job in a docstring, none grows past 600 lines
 but the ones listed here (still to split; the list may only shrink), and the parameter-server family
 keeps one module per algorithm, the shared pieces in modules of their own."""
 import ast
@@ -8,7 +8,9 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "hvd_async")
-LIMIT = 450
+# 450 until issue 60, which lifted it: the lower cap split classes by line count, not where their
+# responsibilities part (the window transport's mixins)
+LIMIT = 600
 OVER_THE_LIMIT = set()  # modules still to split; the list may only shrink
 
 
