@@ -33,6 +33,7 @@ from ..checks import is_int_at_least
 from ..options import option
 from .asgd import ASGD
 from .groups import OptionGroup, PullEvery, PushRate, WorkerLookaheadOption
+from .speed import SpeedMeter
 
 
 @dataclass
@@ -99,23 +100,22 @@ class DBSASGD(ASGD):
         self.global_batch = transport.size * options.batch_size
         self.max_batch = options.max_batch or self.global_batch
         self.batch_size = options.batch_size
-        self.speed = 0.0  # smoothed samples per second of compute
+        self._meter = SpeedMeter(options.smoothing)
         self.share_history = []  # (step, batch size) at every change
         self._since = self.clock()
-        self._skip_measure = True
 
     def batch_cursor(self):
         return self.transport.fetch_add_counter
 
+    @property
+    def speed(self) -> float:
+        """Smoothed samples per second of this worker's compute (0.0 before the first measurement)."""
+        return self._meter.speed
+
     def _measure(self, used: int) -> None:
         now = self.clock()
-        elapsed, self._since = now - self._since, now
-        if self._skip_measure:
-            self._skip_measure = False
-            return
-        rate = used / max(elapsed, 1e-9)
-        s = self.options.smoothing
-        self.speed = rate if self.speed == 0.0 else s * self.speed + (1 - s) * rate
+        self._meter.observe(used, now - self._since)
+        self._since = now
 
     def _resize(self) -> None:
         self.transport.publish_value(self.speed)
@@ -147,7 +147,7 @@ class DBSASGD(ASGD):
 
     def load_global_model(self) -> None:
         super().load_global_model()
-        self._skip_measure = True
+        self._meter.skip_next()
 
     def state_dict(self):
         state = super().state_dict()
@@ -157,9 +157,9 @@ class DBSASGD(ASGD):
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.batch_size, self.speed = int(state["batch_size"]), float(state["speed"])
+        self.batch_size, self._meter.speed = int(state["batch_size"]), float(state["speed"])
         self.share_history = [tuple(change) for change in state["share_history"]]
-        self._skip_measure = True
+        self._meter.skip_next()
 
     def stats(self) -> Dict:
         out = super().stats()

@@ -38,6 +38,7 @@ import numpy as np
 from ..checks import is_int_at_least
 from ..options import option
 from ..sampling import LockstepCursor
+from .speed import SpeedMeter
 from .ssgd import SSGD, SSGDOptions
 
 
@@ -118,10 +119,10 @@ class LBSGD(SSGD):
         super().__init__(optimizer, named_parameters, transport, options)
         self.workers = transport.size
         self.global_batch = self.workers * options.batch_size
-        self.speed = 0.0  # smoothed samples per second of this worker's compute
+        self._meter = SpeedMeter(options.smoothing)
         self.size_history = []  # (step, every worker's batch size) at every change
         self._cursor = LockstepCursor(transport.rank, [options.batch_size] * self.workers)
-        self._since, self._compute_end, self._skip_measure = self.clock(), None, True
+        self._since, self._compute_end = self.clock(), None
 
     @property
     def batch_sizes(self) -> List[int]:
@@ -140,18 +141,18 @@ class LBSGD(SSGD):
     def batch_cursor(self):
         return self._cursor
 
+    @property
+    def speed(self) -> float:
+        """Smoothed samples per second of this worker's compute (0.0 before the first measurement)."""
+        return self._meter.speed
+
     def _end_compute(self) -> None:
         if self._compute_end is None:
             self._compute_end = self.clock()
 
     def _measure(self) -> None:
         elapsed, self._compute_end = self._compute_end - self._since, None
-        if self._skip_measure:
-            self._skip_measure = False
-            return
-        rate = self.batch_size * self.options.backward_passes_per_step / max(elapsed, 1e-9)
-        s = self.options.smoothing
-        self.speed = rate if self.speed == 0.0 else s * self.speed + (1 - s) * rate
+        self._meter.observe(self.batch_size * self.options.backward_passes_per_step, elapsed)
 
     def _reshare(self) -> None:
         """Collective: allgather the speeds; every worker sets the same sizes from them."""
@@ -178,7 +179,7 @@ class LBSGD(SSGD):
 
     def load_global_model(self) -> None:
         super().load_global_model()
-        self._skip_measure = True
+        self._meter.skip_next()
 
     def state_dict(self):
         state = super().state_dict()
@@ -189,9 +190,9 @@ class LBSGD(SSGD):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self._cursor.set_sizes(state["batch_sizes"])
-        self._cursor.position, self.speed = int(state["cursor"]), float(state["speed"])
+        self._cursor.position, self._meter.speed = int(state["cursor"]), float(state["speed"])
         self.size_history = [(int(step), list(sizes)) for step, sizes in state["size_history"]]
-        self._skip_measure = True
+        self._meter.skip_next()
 
     def stats(self) -> Dict:
         out = super().stats()
