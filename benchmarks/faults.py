@@ -63,16 +63,16 @@ def not_applicable(algo: str, fault: str) -> str:
     return ""
 
 
-def _run_job(job: str, env_names, env: dict, np: int, shm: bool, hang: float, package_root: str):
+def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root: str):
     """Run ``job`` under mpirun in its own process group: (output, exit status or None if it hung,
     seconds from its start to its end, the start, whether processes were left, what was alive at a hang)."""
     from hvd_async.launcher import mpirun_command
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
+    names, env = list(env), dict(os.environ, PYTHONUNBUFFERED="1", **env)  # (mpirun passes ``names`` on)
     if package_root:  # the hvd_async under test comes from there
         env["PYTHONPATH"] = os.path.abspath(package_root)
     cmd = mpirun_command(np, [sys.executable, job], mpi_args="" if shm else NO_SHM,
-                         env=list(env_names) + (["PYTHONPATH"] if package_root else []))
+                         env=names + (["PYTHONPATH"] if package_root else []))
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
@@ -98,7 +98,7 @@ def _run_job(job: str, env_names, env: dict, np: int, shm: bool, hang: float, pa
 def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, package_root: str = "") -> dict:
     servers = FAMILIES[algo]
     env = {"ALGO": algo, "FAULT": fault, "SERVERS": str(servers), "LEAVER": str(LEAVER)}
-    out, status, end, start, left, alive = _run_job(JOB, env, env, WORKERS + servers, shm, hang, package_root)
+    out, status, end, start, left, alive = _run_job(JOB, env, WORKERS + servers, shm, hang, package_root)
     hung = status is None
     mark = re.search(r"FAULT \S+ on \w+ \d+ at step \d+ t=([\d.]+)", out)
     fault_at = float(mark.group(1)) if mark else start  # (no mark: from the start, an upper bound)
@@ -127,7 +127,7 @@ def run_order_cell(algo: str, order: str, shm: bool, hang: float, limit: float, 
     servers = FAMILIES[algo]
     leaves = [Leave.parse(name) for name in order.split(",")]
     env = {"ALGO": algo, "SERVERS": str(servers), "LEAVES": order}
-    out, status, end, start, left, alive = _run_job(ORDER_JOB, env, env, len(leaves) + servers, shm, hang,
+    out, status, end, start, left, alive = _run_job(ORDER_JOB, env, len(leaves) + servers, shm, hang,
                                                     package_root)
     hung = status is None
     marks = [float(t) for t in re.findall(r"FAULT \S+ on worker \d+ at step \d+ t=([\d.]+)", out)]
