@@ -56,14 +56,21 @@ class Host:
         """After ``opt.close()`` on every worker (collective): what the final record adds or overrides.
         Here the wall time and each worker process's CPU time (user and system, ``os.times``; the
         server ranks' is not counted): ``cpu_utilisation`` is their sum over worker 0's wall time
-        (since a resume, for a resumed run), in cores kept busy."""
+        (since a resume, for a resumed run), in cores kept busy. That counts MPI's polling while a
+        worker waits in a collective, which on a cluster spins on the waiting worker's own cores.
+        Whether the cores held the work back is ``worker_core_wait``: the share of each worker's
+        training time that its device time and compute waited for a core (``core_wait``, their
+        largest)."""
         wall = round(loop.metrics.elapsed(), 4)
         cpu, since = loop.metrics.cpu_use()
-        cpu = loop.comm.gather(cpu, root=0)
+        acc = loop.acc
+        gathered = loop.comm.gather((cpu, acc.core_wait / max(acc.train_seconds, 1e-9)), root=0)
         if not loop.reporter:
             return {"wall_seconds": wall}
-        return {"wall_seconds": wall, "worker_cpu_seconds": [round(c, 3) for c in cpu],
-                "cpu_utilisation": round(sum(cpu) / max(since, 1e-9), 3)}
+        waits = [round(w, 4) for _, w in gathered]
+        return {"wall_seconds": wall, "worker_cpu_seconds": [round(c, 3) for c, _ in gathered],
+                "cpu_utilisation": round(sum(c for c, _ in gathered) / max(since, 1e-9), 3),
+                "worker_core_wait": waits, "core_wait": max(waits)}
 
 
 class Counters:
@@ -72,6 +79,7 @@ class Counters:
     def __init__(self):
         self.steps = self.samples = self.dropped_samples = self.streak = self.skipped_seen = 0
         self.train_seconds = self.wait_total = 0.0
+        self.core_wait = 0.0  # seconds this worker's device time and compute waited for a core (RunQueue)
         self.new_epoch()
 
     def new_epoch(self) -> None:
@@ -224,7 +232,10 @@ class WorkerLoop:
         import torch
         import torch.nn.functional as F
 
+        from .metrics import RunQueue
+
         acc, opt, progress, host, clock = self.acc, self.opt, self.progress, self.host, self.host.clock
+        run_queue = RunQueue()  # this thread's (a simulated worker may be a thread of its own)
         segment_start = clock()
         if progress is not None:
             progress.start(epoch, acc.epoch_samples)
@@ -236,12 +247,14 @@ class WorkerLoop:
                 reason = "end"
                 break
             x, y = batch
+            queued = run_queue.seconds()
             injected = host.before_step(len(y) / self.options.batch_size)
             t0 = clock()
             loss = F.cross_entropy(self.model(x), y)
             opt.zero_grad()
             loss.backward()
             t1 = clock()
+            acc.core_wait += run_queue.seconds() - queued
             dropped = opt.strategy.dropped_gradients
             opt.step(loss=loss.detach())  # time in here: waiting for the exchange, then the local update
             t2 = clock()

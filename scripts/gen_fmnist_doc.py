@@ -137,9 +137,11 @@ steady 3x straggler or transient (heavy-tailed) stragglers, at 4 and 8 workers, 
 
 Beside each algorithm's speedup to target (ssgd's median time over its own): its throughput ratio
 (median samples/s over ssgd's) and the samples it had applied when it first reached the target, so a
-speedup that falls short says whether throughput or samples were the cause. `cores busy` is the
-largest `cpu_utilisation` of the algorithm's runs (its worker processes' CPU over the wall time); a
-cell with a run above the protocol's bound is CPU-bound and its times are not judged.
+speedup that falls short says whether throughput or samples were the cause. `core wait` is the
+largest `core_wait` of the algorithm's runs: the share of a worker's training time that its device
+time and compute waited for a free core. A cell with a run at or above the protocol's bound (5%) is
+CPU-bound and its times are not judged. `cores busy` is the largest `cpu_utilisation` (the worker
+processes' CPU over the wall time, MPI's polling included), shown and not judged.
 """
 
 
@@ -158,7 +160,7 @@ def _ratio(x):
 def v2_table(setting, entry) -> list:
     head = ["algorithm", "runs", "accuracy % by seed", "mean", "min-max", "vs ssgd (pts)", "diverged", "(a)",
             "seconds to target by seed", "median", "speedup", "samples/s (median)", "throughput ratio",
-            "samples to target (median)", "cores busy"]
+            "samples to target (median)", "core wait", "cores busy"]
     lines = [f"**{setting}**: ssgd's mean {_pct(entry['ssgd_mean'])} %, target {_pct(entry['target'])} %.", "",
              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for algo, row in entry["algorithms"].items():
@@ -166,6 +168,7 @@ def v2_table(setting, entry) -> list:
         median = statistics.median([math.inf if t is None else t for t in times]) if times else None
         rates = [r for r in row.get("samples_per_second", []) if r]
         busy = [u for u in row.get("cpu_utilisation", []) if u is not None]
+        waits = [w for w in row.get("core_wait", []) if w is not None]
         x = row.get("speedup_to_target")
         baseline = algo in ("ssgd", "ssgd-loo")
         lines.append("| " + " | ".join([
@@ -176,14 +179,15 @@ def v2_table(setting, entry) -> list:
             " ".join(_tenths(t) for t in times), "never" if median in (None, math.inf) else f"{median:.1f}",
             "-" if x is None else f"{x:.2f}x", f"{statistics.median(rates):.0f}" if rates else "-",
             _ratio(row.get("throughput_ratio")), _thousands(row.get("median_samples_to_target")),
-            f"{max(busy):.2f}" if busy else "-"]) + " |")
+            f"{100 * max(waits):.1f}%" if waits else "-", f"{max(busy):.2f}" if busy else "-"]) + " |")
     if "criterion" in entry:
         verdict = {True: "pass", False: "**fail**", None: "not judged"}[entry["passes"]]
         against = "; ".join(f"{a} {_tenths(v['median'])} s (bound {v['bound']:.3g}x)" for a, v in entry["against"].items())
         lines += ["", f"({entry['criterion']}): the best asynchronous algorithm, {entry['best']}, median "
                       f"{_tenths(entry['best_median'])} s; {against}: {verdict}."]
     if entry.get("cpu_bound"):
-        lines += ["", f"CPU-bound: a run's workers kept {entry['max_cpu_utilisation']:.2f} cores busy; its times are "
+        lines += ["", f"CPU-bound: a worker's device time and compute waited for a core "
+                      f"{100 * entry['max_core_wait']:.1f}% of its training time (bound 5%); its times are "
                       f"not judged."]
     return lines
 

@@ -101,6 +101,8 @@ def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
     # where the time went: each worker's samples and CPU seconds, the training and evaluation seconds
     assert sum(record["worker_samples"]) == record["samples"] == record["samples_applied"]
     assert len(record["worker_cpu_seconds"]) == np and 0 < record["cpu_utilisation"] <= 2 * np
+    assert len(record["worker_core_wait"]) == np and 0 <= record["core_wait"] < 1
+    assert record["core_wait"] == max(record["worker_core_wait"])
     assert 0 < record["train_seconds"] and 0 < record["eval_seconds"] < record["wall_seconds"]
     if np == 2:  # worker 1 computes at least 5 ms more per step, and ssgd makes worker 0 wait for it
         waits = record["history"][-1]["worker_exchange_wait_ms"]

@@ -128,9 +128,51 @@ def test_the_cpu_utilisation_is_the_workers_cpu_seconds_over_the_wall_time():
     while cpu() - start < 0.3:
         pass
     time.sleep(0.3)
-    out = Host(max_op=None).finish(types.SimpleNamespace(metrics=metrics, comm=_OneRank(), reporter=True))
+    acc = types.SimpleNamespace(core_wait=0.0, train_seconds=1.0)
+    out = Host(max_op=None).finish(types.SimpleNamespace(metrics=metrics, comm=_OneRank(), reporter=True, acc=acc))
     used, wall = out["worker_cpu_seconds"][0], out["wall_seconds"]
     # one thread: the loop's 0.3 CPU seconds took about as much wall, then 0.3 s asleep (os.times counts
     # in clock ticks, 10 ms here, so the loop may stop a tick or two early)
     assert 0.3 <= used < 0.4 and wall >= 0.55
     assert out["cpu_utilisation"] == pytest.approx(used / wall, rel=0.05)
+
+
+def test_the_core_wait_is_each_workers_run_queue_seconds_over_its_training_seconds():
+    """Host.finish reports the share of each worker's training time that its device time and
+    compute waited for a core, and the run's largest."""
+    import types
+
+    from hvd_async.metrics import RunMetrics
+    from hvd_async.worker_loop import Host
+
+    acc = types.SimpleNamespace(core_wait=0.3, train_seconds=12.0)
+    loop = types.SimpleNamespace(metrics=RunMetrics({}, reporter=True), comm=_OneRank(), reporter=True, acc=acc)
+    out = Host(max_op=None).finish(loop)
+    assert out["worker_core_wait"] == [0.025] and out["core_wait"] == 0.025
+
+
+def test_the_run_queue_counts_the_time_a_thread_waited_for_a_core():
+    """With more busy processes than cores, a thread that computes for 0.4 s of its own CPU time is
+    kept waiting for a core: RunQueue's seconds grow by a good part of that."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from hvd_async.metrics import RunQueue
+
+    queue = RunQueue()
+    if not queue.known:
+        pytest.skip("this kernel keeps no run-queue statistics (/proc/thread-self/schedstat)")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.3)  # let them start spinning
+        before, cpu = queue.seconds(), time.thread_time()
+        while time.thread_time() - cpu < 0.4:
+            pass
+        waited = queue.seconds() - before
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert waited > 0.05, waited
