@@ -11,6 +11,7 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 """
 import logging
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -71,6 +72,18 @@ class Host:
         return {"wall_seconds": wall, "worker_cpu_seconds": [round(c, 3) for c, _ in gathered],
                 "cpu_utilisation": round(sum(c for c, _ in gathered) / max(since, 1e-9), 3),
                 "worker_core_wait": waits, "core_wait": max(waits)}
+
+
+def worker_speeds(rates: Sequence[float], listed: int = 8) -> str:
+    """The epoch line's per-worker samples/s, so a slow node shows on the console: each worker's up
+    to ``listed`` workers, beyond that the slowest and fastest with their numbers; empty for one."""
+    if len(rates) < 2:
+        return ""
+    if len(rates) <= listed:
+        return " (per worker " + " ".join(f"{r:.0f}" for r in rates) + ")"
+    slow = min(range(len(rates)), key=rates.__getitem__)
+    fast = max(range(len(rates)), key=rates.__getitem__)
+    return f" (per worker: slowest {rates[slow]:.0f}, worker {slow}; fastest {rates[fast]:.0f}, worker {fast})"
 
 
 class Counters:
@@ -388,7 +401,8 @@ class WorkerLoop:
         if staleness.sum() > self.staleness_seen.sum():
             metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
         line = (f"epoch {epoch}/{options.epochs}  train loss {self.train_loss:.4f}  {options.eval_on} accuracy "
-                f"{accuracy:.4f}  {sum(rates):.0f} samples/s  {entry['wall_seconds']:.1f} {self.host.seconds}")
+                f"{accuracy:.4f}  {sum(rates):.0f} samples/s{worker_speeds(rates)}  "
+                f"{entry['wall_seconds']:.1f} {self.host.seconds}")
         if self.progress is not None:
             self.progress.write(line)
         else:

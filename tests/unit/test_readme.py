@@ -241,8 +241,8 @@ def test_the_situation_table_names_registered_algorithms_with_their_servers():
             assert "1 server" in processes, row
         if first and first.group(1) == "ssgd":
             assert processes.strip() == "N", row
-    for situation in ("one slow node", "slow network", "heterogeneous nodes", "frozen backbone",
-                      "exact reproducibility"):
+    for situation in ("slowness that moves", "one node slow for good", "slow network", "heterogeneous nodes",
+                      "frozen backbone", "exact reproducibility"):
         assert situation in table, situation
     assert len(registry.NAMES) == 12 and "twelve" in text  # "name one of twelve algorithms"
 

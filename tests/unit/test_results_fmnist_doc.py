@@ -52,7 +52,8 @@ def test_the_second_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds
     if not os.path.isdir(os.path.join(ROOT, ".git")):
         return
     added = git("log", "-1", "--format=%H", "--", "benchmarks/protocol_v2.md").splitlines()
-    names = sorted(n for n in os.listdir(RESULTS) if n.startswith("convergence_fmnist_v2_") and "_sim" not in n)
+    names = sorted(n for n in os.listdir(RESULTS)
+                   if n.startswith("convergence_fmnist_v2_") and n.endswith(".json") and "_sim" not in n)
     if not added:
         assert not names, f"{names}: v2 records without a committed benchmarks/protocol_v2.md"
         return
