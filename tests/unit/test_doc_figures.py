@@ -345,9 +345,6 @@ def bench_atomic_reads():
 
 # --- protocol v2 (benchmarks/protocol_v2.md): a cell is quoted once all its runs are in -------------------
 
-V2_BASELINES = ("ssgd", "backup-sgd", "lb-sgd")  # (b2)'s synchronous baselines
-
-
 def _v2_cell(workers: int, kind: str):
     """(the cell's table entry, or None while the record is missing or short of 5 seeds for any
     algorithm; the record's name)."""
@@ -367,11 +364,12 @@ def _v2_transient():
         entry, name = _v2_cell(workers, "transient")
         if entry is None:
             continue
-        rows = entry["algorithms"]
-        sync = min(V2_BASELINES, key=lambda a: rows[a]["median_seconds_to_target"] or float("inf"))
+        # the fastest synchronous baseline as the criterion chose it (a seed that never reached the target
+        # counting as never, which the per-algorithm median column does not)
+        (sync, against), = entry["against"].items()
         verdict = {True: "passed", False: "failed", None: "was not judged (CPU-bound)"}[entry["passes"]]
-        cells.append((workers, entry["best"], entry["best_median"], sync, rows[sync]["median_seconds_to_target"],
-                      verdict, name, rows[entry["best"]]["passes"]))
+        cells.append((workers, entry["best"], entry["best_median"], sync, against["median"], verdict, name,
+                      entry["algorithms"][entry["best"]]["passes"]))
     return cells
 
 
@@ -379,9 +377,10 @@ def readme_transient():
     cells = _v2_transient()
     if not cells:
         return "transient stragglers: the v2 grid's cells are not all in yet"
-    said = "; ".join(f"at {w} workers {best} reached it {sync_t / best_t:.2f}x sooner than {sync}, the fastest "
-                     f"synchronous baseline ({best_t:.1f} s against {sync_t:.1f} s, medians): (b2) {verdict}"
-                     for w, best, best_t, sync, sync_t, verdict, _, _ in cells)
+    said = "; ".join(f"at {w} workers {best}{'' if accurate else ' (which failed criterion (a))'} reached it "
+                     f"{sync_t / best_t:.2f}x sooner than {sync}, the fastest synchronous baseline ({best_t:.1f} s "
+                     f"against {sync_t:.1f} s, medians): (b2) {verdict}"
+                     for w, best, best_t, sync, sync_t, verdict, _, accurate in cells)
     names = ", ".join(f"`{name}`" for *_, name, _ in cells)
     return (f"With every worker's device time drawn at random each step (Pareto, tail index 3, mean 80 ms of "
             f"emulated accelerator time; Fashion-MNIST, LeNet, one epoch, seeds 201-205), the protocol asked the "
