@@ -94,8 +94,10 @@ _BANNER_EDGE = re.compile(rb"^-{20,}\s*$")
 # mpirun's banners that only repeat that a process exited with a non-zero status
 _EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit code", b"MPI_ABORT was invoked")
 # mpirun's line when the rank that aborts dies before its MPI_ABORT banner has reached mpirun whole: Open
-# MPI relays a rank's help messages to mpirun (PMIx's log), whatever orte_base_help_aggregate says
-_CUT_BANNER = re.compile(rb"ORTE_ERROR_LOG: Data unpack .*show_help\.c at line \d+")
+# MPI relays a rank's help messages to mpirun (PMIx's log), whatever orte_base_help_aggregate says. The
+# error it names varies with where the relay was cut ("Data unpack would read past end of buffer", "Out
+# of resource"); what marks it is that show_help.c, the help relay, raised it
+_CUT_BANNER = re.compile(rb"ORTE_ERROR_LOG: .* in file \S*show_help\.c at line \d+")
 
 
 class BannerFilter:

@@ -14,6 +14,9 @@ DETECTED = DASHES + b"mpirun detected that one or more processes exited with non
 # mpirun's line when the aborting rank's MPI_ABORT banner reached it cut short
 CUT = b"[vm:05041] [[32591,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in file " \
       b"../../../orte/util/show_help.c at line 507\n"
+# the same cut, where Open MPI's relay failed on another error
+CUT_RESOURCE = b"[vm:11461] [[16443,0],0] ORTE_ERROR_LOG: Out of resource in file " \
+               b"../../../orte/util/show_help.c at line 501\n"
 ABORT = DASHES + b"MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\nwith errorcode 2.\n" + DASHES
 KILLED = DASHES + b"mpirun noticed that process rank 2 with PID 0 on node x exited on signal 9 (Killed).\n" + DASHES
 
@@ -36,10 +39,13 @@ def test_the_exit_banners_after_an_error_line_are_dropped():
 def test_open_mpis_repeats_of_an_abort_are_dropped_where_the_job_said_its_error():
     """The MPI_ABORT banner, or mpirun's ORTE_ERROR_LOG line where that banner reached it cut short:
     dropped where the job's error line came, before or after them; kept without one."""
-    for data in (ERROR + CUT, ERROR + ABORT, ERROR + CUT + DETECTED, ABORT + ERROR, CUT + ERROR + DETECTED):
+    for data in (ERROR + CUT, ERROR + ABORT, ERROR + CUT + DETECTED, ABORT + ERROR, CUT + ERROR + DETECTED,
+                 ERROR + CUT_RESOURCE, CUT_RESOURCE + ERROR + DETECTED):
         assert relay(data) == ERROR, data  # (they reach mpirun apart from the rank's stderr: sometimes first)
         assert relay(*(data[i:i + 7] for i in range(0, len(data), 7))) == ERROR
     assert relay(b"epoch 1/2\n" + CUT) == b"epoch 1/2\n" + CUT
+    other = b"[vm:1] [[2,0],0] ORTE_ERROR_LOG: Out of resource in file ../orte/runtime/orte_init.c at line 9\n"
+    assert relay(ERROR + other) == ERROR + other  # an ORTE error elsewhere than the help relay is kept
 
 
 def test_banners_are_kept_without_an_error_line_and_a_signal_banner_always():
