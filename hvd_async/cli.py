@@ -57,6 +57,7 @@ def _train(argv: List[str]) -> int:
         run_argv = list(job_argv)
         if restarts and not job.resume and checkpoint.latest(job.checkpoint_dir):
             run_argv.append("--resume")
+        os.environ[launcher.LAUNCHED_AT] = repr(time.time())  # before mpirun_command, which forwards it
         try:
             cmd = launcher.mpirun_command(spec.layout.world_size, launcher.python_module("hvd_async.train", run_argv),
                                           mpi_args=launch.mpi_args)

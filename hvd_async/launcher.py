@@ -9,6 +9,9 @@ import sys
 import threading
 from typing import List, NamedTuple, Optional, Sequence
 
+# the launch time of a run of ``hvd-async train`` (time.time()), for its record's seconds to the first step
+LAUNCHED_AT = "HVD_ASYNC_LAUNCHED_AT"
+
 
 def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
                    env: Sequence[str] = ()) -> List[str]:
@@ -24,7 +27,7 @@ def mpirun_command(np: int, program: Sequence[str], *, mpi_args: str = "",
     cmd = [mpirun, "-np", str(np), "--oversubscribe", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    for name in ("PYTHONUNBUFFERED", "PYTHONPATH", "HVD_ASYNC_LOG_LEVEL", "HVD_ASYNC_PROGRESS", *env):
+    for name in ("PYTHONUNBUFFERED", "PYTHONPATH", "HVD_ASYNC_LOG_LEVEL", "HVD_ASYNC_PROGRESS", LAUNCHED_AT, *env):
         if name in os.environ:
             cmd += ["-x", name]
     cmd += shlex.split(mpi_args)

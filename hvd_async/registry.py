@@ -1,4 +1,4 @@
-"""The one table of algorithm names: what each is, where it comes from, and its strategy; the twelve
+"""The one table of algorithm names: what each is, where it comes from, and its strategy; the ones
 built in, and those a plugin adds (:func:`register`, the ``hvd_async.algorithms`` entry points, or a
 module named by ``--plugin``)."""
 import importlib.util

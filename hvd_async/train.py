@@ -8,9 +8,11 @@ host (wall clock, injected compute, ``--worker-timeout``); the loop is
 :mod:`hvd_async.worker_loop`, shared with the simulator; the process around it (options, MPI and
 Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
 """
+import os
 import time
 
 from .delays import DelayModel
+from .launcher import LAUNCHED_AT
 from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
 from .progress import progress_mode
 from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop
@@ -46,8 +48,10 @@ class _JobHost(Host):
         self.pacer = _Pacer(job, rank)
         self.live = list(range(comm.size))  # worker numbers still in the workers' communicator
         self.watchdog = None
+        self.first_step_at = None
 
     def start(self, loop: WorkerLoop) -> None:
+        self.first_step_at = time.time()
         if self.timeout:
             self.watchdog = _Watchdog(self.timeout, loop.comm, list(self.live))
 
@@ -91,7 +95,19 @@ class _JobHost(Host):
     def finish(self, loop: WorkerLoop) -> dict:
         if self.watchdog is not None:
             self.watchdog.stop(free=not loop.dropped)
-        return super().finish(loop)
+        return {**super().finish(loop), "seconds_to_first_step": seconds_since_launch(self.first_step_at)}
+
+
+def seconds_since_launch(at: float):
+    """Seconds from the ``hvd-async train`` command's launch of this run of the job (mpirun started,
+    ranks not yet) to wall-clock time ``at``, or None outside that launcher. ``hvd-async train`` puts
+    the launch time in ``HVD_ASYNC_LAUNCHED_AT`` (time.time(), each restart anew); across hosts it
+    includes the clocks' offset."""
+    launched = os.environ.get(LAUNCHED_AT)
+    try:
+        return None if launched is None or at is None else round(at - float(launched), 3)
+    except ValueError:
+        return None
 
 
 def job_sgd(spec, params, device):

@@ -1,6 +1,7 @@
 """The hvd-async command and the training job as a user runs them: results, files, and errors."""
 import json
 import re
+import time
 
 import pytest
 
@@ -93,7 +94,9 @@ def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
     argv = ["train", "--np", str(np), "--epochs", "2", "--metrics-out", str(metrics), "--compute-ms", "5"]
     if np == 2:
         argv += ["--straggler", "1=2", "--model", "cnn", "--fp16-allreduce"]
+    began = time.monotonic()
     result = run(CLI + argv, timeout=300)
+    took = time.monotonic() - began
     assert result.returncode == 0, result.out[-4000:]
     record = json.loads(metrics.read_text())
     assert record["workers"] == np and len(record["history"]) == 2
@@ -103,6 +106,9 @@ def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
     assert len(record["worker_cpu_seconds"]) == np and 0 < record["cpu_utilisation"] <= 2 * np
     assert len(record["worker_core_wait"]) == np and 0 <= record["core_wait"] < 1
     assert record["core_wait"] == max(record["worker_core_wait"])
+    # from the launch (hvd-async train's time, forwarded by mpirun) to worker 0's first step: the ranks'
+    # start, Horovod's and the data's, within the command's time less the training's
+    assert 0 < record["seconds_to_first_step"] < took - record["train_seconds"], (record, took)
     assert 0 < record["train_seconds"] and 0 < record["eval_seconds"] < record["wall_seconds"]
     if np == 2:  # worker 1 computes at least 5 ms more per step, and ssgd makes worker 0 wait for it
         waits = record["history"][-1]["worker_exchange_wait_ms"]

@@ -38,7 +38,8 @@ class Strategy(abc.ABC):
 
     name: str = "strategy"
     Options: type = None
-    peer_windows = False  # exchanges through one-sided windows among the workers (the simulator's cue)
+    # exchanges through one-sided windows among the workers (read by the simulator and by --deterministic)
+    peer_windows = False
     # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the
     # workers add their changes into the weights) or "mailbox" (the rule runs in the servers' program).
     mode: str = "accumulate"

@@ -265,7 +265,8 @@ class AccumulateProgram(W.ServerProgram):
 
 
 class MailboxProgram(W.ServerProgram):
-    """Shared server side of dc-asgd and softsync: snapshots, idle/resume, the non-finite check.
+    """The server side shared by the programs that apply each push themselves (dc-asgd and lc-asgd,
+    softsync and od-sgd's global step, backup-sgd): snapshots, idle/resume, the non-finite check.
     A program that reads each gradient's norm sets ``uses_grad_norm``: the check then takes it (one
     pass for both) and hands it to ``on_push``."""
 

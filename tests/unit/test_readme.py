@@ -244,7 +244,11 @@ def test_the_situation_table_names_registered_algorithms_with_their_servers():
     for situation in ("slowness that moves", "one node slow for good", "slow network", "heterogeneous nodes",
                       "frozen backbone", "exact reproducibility"):
         assert situation in table, situation
-    assert len(registry.NAMES) == 12 and "twelve" in text  # "name one of twelve algorithms"
+    # the count is the registry's alone (issue 60: a new algorithm touches four places, not the README)
+    counted = re.search(r"\b(\d+|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|"
+                        r"fifteen|sixteen)\s+(asynchronous\s+)?algorithms\b", text, re.I)
+    assert counted is None, f"the README counts the algorithms by hand: {counted.group(0)!r}"
+    assert "`hvd-async algorithms` lists them" in text
 
 
 def _anchors(markdown: str) -> set:

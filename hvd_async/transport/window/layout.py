@@ -67,8 +67,9 @@ class Status(IntEnum):
 @dataclass(frozen=True)
 class Request:
     """A mailbox request as a server program receives it (``on_request``): its kind, its payload,
-    ``PAYLOAD_LEN`` floats whose fields the algorithm defines (its strategy writes them, its program
-    reads them, e.g. ``request.payload[F_LR]``; the transport only carries them), and for a push the
+    ``PAYLOAD_LEN`` floats whose fields the algorithm defines (its strategy encodes them and its program
+    decodes them as its ``Payload``, e.g. :class:`~hvd_async.algorithms.payload.SGDPayload`'s ``lr``;
+    the transport only carries them), and for a push the
     inbox slot its gradient is in (None: the worker's own, where each worker has one)."""
 
     kind: Kind
