@@ -163,6 +163,7 @@ def v2_table(setting, entry) -> list:
             "samples to target (median)", "core wait", "cores busy"]
     lines = [f"**{setting}**: ssgd's mean {_pct(entry['ssgd_mean'])} %, target {_pct(entry['target'])} %.", "",
              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    complete = all(len(row["seeds"]) == SEEDS for row in entry["algorithms"].values())
     for algo, row in entry["algorithms"].items():
         finals, gap, times = row["final_test_accuracy"], row["gap_to_ssgd"], row["seconds_to_target"]
         median = statistics.median([math.inf if t is None else t for t in times]) if times else None
@@ -175,13 +176,16 @@ def v2_table(setting, entry) -> list:
             algo, f"{len(row['seeds'])}/{SEEDS}", " ".join(_pct(a) for a in finals), _pct(row["mean_final_test_accuracy"]),
             f"{_pct(min(finals))}-{_pct(max(finals))}" if finals else "-",
             "-" if gap is None or algo == "ssgd" else f"{100 * gap:+.2f}", str(row["diverged"]),
-            "yardstick" if algo == "ssgd" else "baseline" if baseline else ("pass" if row["passes"] else "**fail**"),
+            "yardstick" if algo == "ssgd" else "baseline" if baseline else "so far " + ("pass" if row["passes"] else "fail")
+            if not complete else ("pass" if row["passes"] else "**fail**"),
             " ".join(_tenths(t) for t in times), "never" if median in (None, math.inf) else f"{median:.1f}",
             "-" if x is None else f"{x:.2f}x", f"{statistics.median(rates):.0f}" if rates else "-",
             _ratio(row.get("throughput_ratio")), _thousands(row.get("median_samples_to_target")),
             f"{100 * max(waits):.1f}%" if waits else "-", f"{max(busy):.2f}" if busy else "-"]) + " |")
     if "criterion" in entry:
         verdict = {True: "pass", False: "**fail**", None: "not judged"}[entry["passes"]]
+        if not complete:  # the criteria are over the protocol's 5 seeds: no verdict on fewer
+            verdict = f"not judged until every algorithm has its {SEEDS} seeds"
         against = "; ".join(f"{a} {_tenths(v['median'])} s (bound {v['bound']:.3g}x)" for a, v in entry["against"].items())
         lines += ["", f"({entry['criterion']}): the best asynchronous algorithm, {entry['best']}, median "
                       f"{_tenths(entry['best_median'])} s; {against}: {verdict}."]

@@ -33,8 +33,8 @@ from ..transport.window import WindowTransport
 from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
 from .horovod import SimHorovod
-from .mpi import SimComm as SimMPIComm, SimMPI, SimWorld
-from .network import SimComm, SimNetwork
+from .mpi import SimComm, SimMPI, SimWorld
+from .network import LoopComm, SimNetwork
 from .options import SimOptions
 from .windows import ReplayScript, ReplayTracer, SimServers
 
@@ -77,7 +77,7 @@ class Cluster:
         """A message on the job's control communicator to a server: worker 0 opening a window transport
         (``TAG_OPEN``, its spec to each server in turn; the shards open at the first)."""
         members = list(range(self.world.servers + self.sim.workers))
-        spec = SimMPIComm(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
+        spec = SimComm(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
         if tag != W.TAG_OPEN:
             raise RuntimeError(f"simulated server {server}: unexpected control message (tag {tag})")
         if server == 0:  # the n-th transport: the n-th duplicate of the window communicator
@@ -119,9 +119,9 @@ class SimComms:
         world = cluster.world
         me, everyone = world.servers + rank, list(range(world.servers + cluster.sim.workers))
         self.mpi = SimMPI
-        self.group = SimMPIComm(world, ("group",), everyone[world.servers:], me)
-        self.ctrl = SimMPIComm(world, ("ctrl",), everyone, me)
-        self.win_comm = SimMPIComm(world, ("win",), everyone, me)
+        self.group = SimComm(world, ("group",), everyone[world.servers:], me)
+        self.ctrl = SimComm(world, ("ctrl",), everyone, me)
+        self.win_comm = SimComm(world, ("win",), everyone, me)
         self.servers = world.servers
 
     def clock(self) -> float:
@@ -207,7 +207,7 @@ def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost) -> Dict:
                                comms=SimComms(cluster, rank), **spec.algorithm)
     opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
     metrics = _SimMetrics(spec.info(), clock=host.clock, logdir=job.logdir, reporter=rank == 0)
-    return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=SimComm(cluster.net, rank), host=host,
+    return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=LoopComm(cluster.net, rank), host=host,
                       metrics=metrics, servers=spec.layout.servers > 0).run()
 
 

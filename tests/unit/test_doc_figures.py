@@ -75,7 +75,8 @@ def readme_straggler():
 
 
 def readme_ci_time():
-    return f"`make test`'s tests took {minutes(record('ci_time.json')['make_test']['seconds'])} on another (`benchmarks/results/ci_time.json`)"
+    return (f"`make test`'s tests took {minutes(record('ci_time.json')['make_test']['seconds'])} in a CI run on a "
+            f"fresh clone (`benchmarks/results/ci_time.json`)")
 
 
 def readme_seeds():
