@@ -13,6 +13,7 @@ install is not in the figure.
     python benchmarks/setup_time.py [--repeats 3] [--out benchmarks/results/setup_time.json]
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -84,8 +85,6 @@ def timed_train(clone: str, env: dict, metrics: str) -> dict:
     total = time.monotonic() - began
     if code != 0:
         sys.exit(f"setup_time: error: the main job exited with status {code}:\n" + "\n".join(lines[-20:]))
-    import json
-
     with open(metrics) as f:
         record = json.load(f)
     return {"first_line_seconds": round(first_line, 2), "first_line": lines[0] if lines else "",
