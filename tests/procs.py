@@ -1,5 +1,6 @@
 """Run a command (an mpirun job, a CLI call) with a timeout, in its own process group, leaving nothing behind."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,29 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def hung_processes(pgid: int) -> str:
+    """What each process of a hung job's group is doing, for the failure's message: its state and
+    kernel wait channel (``ps``), and every thread's native stack (``gdb``, where installed; a rank
+    blocked in MPI shows where, mpirun shows whether it still waits on a rank or on itself)."""
+    lines = []
+    table = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "-g", str(pgid)],
+                           capture_output=True, text=True).stdout
+    lines.append("processes of the hung job:\n" + table)
+    gdb = shutil.which("gdb")
+    for row in table.splitlines()[1:]:
+        pid = row.split()[0]
+        if gdb is None:
+            break
+        try:
+            stacks = subprocess.run([gdb, "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt 12"],
+                                    capture_output=True, text=True, timeout=30).stdout
+        except subprocess.TimeoutExpired:
+            stacks = "(gdb did not answer in 30 s)"
+        frames = [line[:100] for line in stacks.splitlines() if line.startswith(("#", "Thread "))]
+        lines.append(f"stacks of {pid}:\n" + "\n".join(frames[:80]))
+    return "\n".join(lines)
+
+
 def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None, cwd: str = ROOT) -> Result:
     """Run ``cmd``; on timeout kill its whole process group and fail (a hang is a bug, not a flake)."""
     # the check scripts' watchdog (tests/mpi/harness.py) fires first and prints where each rank hung
@@ -39,9 +63,10 @@ def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None,
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        where = hung_processes(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}")
+        pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}\n{where}")
     deadline = time.time() + 10
     while _group_alive(proc.pid) and time.time() < deadline:
         time.sleep(0.1)
