@@ -323,9 +323,13 @@ def sooner(rows, speedup) -> None:
 
 
 def report(table, args) -> None:
-    print(f"\ncriterion: mean final test accuracy >= ssgd's mean - {args.margin:g}, and no run diverged "
-          f"(accuracy < {args.diverged_below:g} or loss not finite); (b), straggler settings: median time to "
-          f"ssgd's mean - {args.margin:g} at most ssgd's over {args.speedup:g}")
+    v1_straggler = any("sooner" in row for entry in table.values() for row in entry["algorithms"].values())
+    print(f"\ncriterion (a): mean final test accuracy >= ssgd's mean - {args.margin:g}, and no run diverged "
+          f"(accuracy < {args.diverged_below:g} or loss not finite)"
+          + (f"; (b), protocol v1's straggler settings: median time to ssgd's mean - {args.margin:g} at most "
+             f"ssgd's over {args.speedup:g}" if v1_straggler else "")
+          + ("; protocol v2's cells: each cell's own criterion, below it"
+             if any("criterion" in entry for entry in table.values()) else ""))
     for setting, entry in table.items():
         print(f"\n{setting}: ssgd's mean {entry['ssgd_mean']:.4f}, target {entry['target']:.4f}")
         for algo, row in entry["algorithms"].items():

@@ -15,7 +15,7 @@ import difflib
 import os
 import shlex
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -86,10 +86,12 @@ examples:
 Every option below is also a key of a --config YAML file; docs/cli.md has this help."""
 
 
-def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
-                 suppress_defaults: bool = False) -> argparse.ArgumentParser:
+def build_parser(prog: str = "hvd-async train", *, launcher: bool = True, suppress_defaults: bool = False,
+                 retuned: Optional[Dict[str, Dict[str, Any]]] = None) -> argparse.ArgumentParser:
     """The job's parser; ``launcher`` adds the options only ``hvd-async train`` reads (and the help's
-    short usage line and examples)."""
+    short usage line and examples); ``retuned`` gives another command's help and default for some of
+    the job's options, by name (``{"np": {"help": ...}}``: the simulator's)."""
+    retuned = retuned or {}
     d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
     p = _Parser(prog=prog, description="Train a model with a distributed SGD algorithm from the "
                 "hvd_async registry (the reference training job).",
@@ -109,11 +111,17 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True,
                         "algorithms it registers (hvd_async.register_algorithm) become --algo names, and "
                         "their options flags (repeatable; every rank imports it)")
     p.add_argument("--np", type=int, default=d(4 if launcher else None),
-                   help="MPI processes in all, servers included" +
-                   ("" if launcher else " (checked against the MPI world when given)"))
+                   help=retuned.get("np", {}).get("help", "MPI processes in all, servers included" +
+                                                   ("" if launcher else " (checked against the MPI world "
+                                                                        "when given)")))
     p.add_argument("--servers", type=int, default=d(None),
                    help="parameter-server ranks (default: 1 for parameter-server algorithms, else 0)")
-    options.add_options(p, JobOptions, suppress_defaults=suppress_defaults)
+    added = options.add_options(p, JobOptions, suppress_defaults=suppress_defaults,
+                                names={"repeatable": registry.repeatable()}, retuned=retuned)
+    unknown = sorted(set(retuned) - set(added) - {"np"})
+    if unknown:
+        raise ValueError(f"retuned names {', '.join(unknown)}, not options of the job; give the names of "
+                         f"JobOptions' fields or 'np'")
     if launcher:
         options.add_options(p.add_argument_group("launcher", "options only 'hvd-async train' reads"),
                             LaunchOptions, suppress_defaults=suppress_defaults)
@@ -371,10 +379,8 @@ def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> N
                           f"(leave it out here)")
     servers = registry.uses_servers(spec.algo, spec.algorithm)
     if spec.job.deterministic and (servers or cls.peer_windows):
-        repeatable = [name for name, other in registry.strategies().items()
-                      if not (registry.uses_servers(name, {}) or other.peer_windows)]
         raise ConfigError(f"--deterministic has no meaning under {spec.algo}: the order in which the workers' "
                           f"{'pushes reach the servers' if servers else 'models reach their peers'} changes "
                           f"from run to run, and no flag fixes it; it fixes the allreduce's order under: "
-                          f"{', '.join(repeatable)}, od-sgd --od-exchange allreduce ('hvd-async simulate' "
-                          f"repeats a run of any algorithm)")
+                          f"{', '.join(registry.repeatable())}, od-sgd --od-exchange allreduce "
+                          f"('hvd-async simulate' repeats a run of any algorithm)")

@@ -109,7 +109,7 @@ class JobOptions:
                           "workers, servers, data, model, batch size and seed)", flag="--resume",
                           action="store_true")
     deterministic: bool = option(
-        False, "ssgd, hpsgd, od-sgd (allreduce): reduce tensor by tensor (Horovod fusion off) so that sums "
+        False, "{repeatable}, od-sgd --od-exchange allreduce: reduce tensor by tensor (Horovod fusion off) so that sums "
         "run in the same order in every run and a resumed run repeats a straight one bit for bit; slower "
         "on large models", flag="--deterministic", action="store_true")
     worker_timeout: Optional[float] = option(

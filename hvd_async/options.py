@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import re
 import typing
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 _KEY = "hvd_async"
 _BOOL_ACTIONS = ("store_true", "store_false", "boolean")
@@ -86,8 +86,10 @@ def _parsed_type(options_cls, field: dataclasses.Field, how: Flag):
 def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, suppress_defaults: bool,
               taken: Optional[set] = None) -> None:
     """Add every declared flag of ``strategies`` (algorithm name -> strategy class) to ``parser``, one
-    option per flag (its help names the algorithms that declare it; where their defaults differ the
-    flag's default is None and the help lists each algorithm's)."""
+    option per flag. Its help names the algorithms that declare it, before each of their help texts
+    where these differ (``asgd, dbs-asgd: ... / dc-asgd, lc-asgd, softsync: ...``), so no help text
+    lists algorithms by hand; where their defaults differ the flag's default is None and the help
+    lists each algorithm's."""
     by_flag: Dict[str, List[Tuple[str, type, dataclasses.Field, Flag]]] = {}
     for name, cls in strategies.items():
         options_cls = cls.Options  # (a Strategy's: None where it takes no options)
@@ -106,9 +108,12 @@ def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, s
                     how.action, _parsed_type(options_cls, field, how)):
                 raise ValueError(f"{flag} is declared by {users[0][0]} and {other_name} with different "
                                  f"kinds of value; give one of them another flag")
-        names = ", ".join(dict.fromkeys(u[0] for u in users))
-        helps = list(dict.fromkeys(u[3].help for u in users))
-        text = f"{names}: {' / '.join(helps)}"
+        helps: Dict[str, List[str]] = {}  # each help text -> the algorithms that declare the flag with it
+        for user in users:
+            names = helps.setdefault(user[3].help, [])
+            if user[0] not in names:
+                names.append(user[0])
+        text = " / ".join(f"{', '.join(names)}: {help}" for help, names in helps.items())
         d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
         if how.action in ("store_true", "store_false"):  # the flag's presence (from_args gives its value)
             _add_argument(group, dataclasses.replace(how, action="store_true"), None, default=d(False), help=text)
@@ -120,13 +125,35 @@ def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, s
         _add_argument(group, how, _parsed_type(options_cls, field, how), default=d(default), help=text)
 
 
-def add_options(group, options_cls, *, suppress_defaults: bool) -> None:
+def add_options(group, options_cls, *, suppress_defaults: bool,
+                names: Optional[Dict[str, Sequence[str]]] = None,
+                retuned: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
     """Add the flags of one options dataclass (e.g. the job's own) to ``group``, in declaration order,
-    each parsed into its field's name."""
+    each parsed into its field's name. ``names`` fills the help texts' ``{KEY}`` with a list of
+    algorithms the registry gives (``{"replayable": registry.replayable()}``), so that no help lists
+    them by hand; a help naming a key ``names`` lacks is refused. ``retuned`` gives another command's
+    ``help`` and ``default`` for some fields (the simulator's, by field name). Returns the fields added."""
+    added = []
     for field, how in declared(options_cls):
+        change = (retuned or {}).get(field.name, {})
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        default = change.get("default", default)
         _add_argument(group, how, _parsed_type(options_cls, field, how),
-                      default=argparse.SUPPRESS if suppress_defaults else default, help=how.help, dest=field.name)
+                      default=argparse.SUPPRESS if suppress_defaults else default,
+                      help=_filled(change.get("help", how.help), names or {}), dest=field.name)
+        added.append(field.name)
+    return added
+
+
+def _filled(help: str, names: Dict[str, Sequence[str]]) -> str:
+    """``help`` with each ``{KEY}`` of ``names`` replaced by its algorithms, comma-separated."""
+    for key, listed in names.items():
+        help = help.replace("{" + key + "}", ", ".join(listed))
+    left = re.findall(r"\{([a-z_]+)\}", help)
+    if left:
+        raise ValueError(f"help text {help[:40]!r}... names {{{left[0]}}}, which no list fills; "
+                         f"pass names={{{left[0]!r}: ...}} to add_options")
+    return help
 
 
 def _add_argument(group, how: Flag, kind, *, default, help: str, **more) -> None:

@@ -201,6 +201,13 @@ def replayable() -> Tuple[str, ...]:
     return tuple(name for name in names() if strategy_class(name).replayable)
 
 
+def repeatable() -> Tuple[str, ...]:
+    """The algorithms whose sums are an allreduce with their default options (``--deterministic``
+    fixes its order), in the registry's order: no servers, no peer windows. (od-sgd joins them with
+    ``--od-exchange allreduce``.)"""
+    return tuple(name for name in names() if not (uses_servers(name, {}) or strategy_class(name).peer_windows))
+
+
 def strategies() -> Dict[str, type]:
     """Every algorithm's strategy class, by name."""
     return {name: strategy_class(name) for name in names()}

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from ..checks import is_int_at_least
 from ..options import option
 from ..rules import RunningMean
-from ..transport import window as W
+from ..transport import window
 from .groups import COMPRESSION_DEFAULT, Compression, InboxSlots, OptionGroup
 from .ps import MailboxProgram, MailboxStrategy
 
@@ -114,8 +114,8 @@ class BackupSGD(MailboxStrategy):
         return BackupProgram(host, cls.server_spec(host))
 
     def _count(self, answers) -> None:
-        status = answers.rows[:, W.R_STATUS]
-        if (status == W.Status.DROPPED).any() and not (status == W.Status.SKIPPED).any():
+        status = answers.rows[:, window.R_STATUS]
+        if (status == window.Status.DROPPED).any() and not (status == window.Status.SKIPPED).any():
             self.dropped += 1  # (by one shard at least: each shard takes its own first pushes)
         else:
             super()._count(answers)
@@ -168,7 +168,7 @@ class BackupProgram(MailboxProgram):
         self.dropped[worker] += 1
         self.host.add_sums(1.0, 0.0)
         self.snapshot(worker)
-        self.host.answer(worker, staleness, W.Status.DROPPED)
+        self.host.answer(worker, staleness, window.Status.DROPPED)
 
     def on_leave(self, worker) -> None:
         super().on_leave(worker)
@@ -201,7 +201,7 @@ class BackupProgram(MailboxProgram):
         self.accepted = []
         for m in workers:
             self.snapshot(m, copy=False)
-            self.host.answer(m, 0, W.Status.APPLIED)
+            self.host.answer(m, 0, window.Status.APPLIED)
 
     def state_dict(self) -> Dict:
         if self.accepted:

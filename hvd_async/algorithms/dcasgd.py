@@ -10,7 +10,7 @@ import torch
 from ..checkpoint import tensors_copy
 from ..options import option
 from ..rules import DCRule
-from ..transport import window as W
+from ..transport import window
 from .compensation import Compensation, PushClip, PushClipOption
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
@@ -238,4 +238,4 @@ class DCProgram(MailboxProgram):
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         self.host.bump([staleness])
         self.snapshot(worker, copy=False)
-        self.host.answer(worker, staleness, W.Status.APPLIED)
+        self.host.answer(worker, staleness, window.Status.APPLIED)

@@ -57,7 +57,7 @@ import torch
 from ..checks import is_finite_number, is_int_at_least
 from ..options import option
 from ..rules.elastic import elastic_move, resolve_alpha
-from ..transport import window as W
+from ..transport import window
 from .base import Strategy
 from .flat import FlatModel, local_step_if_finite
 from .ps import AccumulateProgram, load_server_state_dict, server_state_dict
@@ -118,7 +118,7 @@ class EASGD(Strategy):
         self.move = torch.empty_like(self.model.flat)
         self.local = torch.empty_like(self.model.flat)  # own weights while the model holds the centre
         self.holding_centre = False
-        self.hist = np.zeros(W.HIST_BINS, dtype=np.int64)
+        self.hist = np.zeros(window.HIST_BINS, dtype=np.int64)
         self.moves = 0
         self.wait_seconds = 0.0
         self.skipped_nonfinite = 0
@@ -177,7 +177,7 @@ class EASGD(Strategy):
             t.barrier()  # every move of the round has landed before anyone reads the centre again
             self.hist[0] += 1
         else:
-            self.hist[min(int(np.max(staleness)), W.HIST_BINS - 1)] += 1
+            self.hist[min(int(np.max(staleness)), window.HIST_BINS - 1)] += 1
         self.moves += 1
         self.wait_seconds += self.clock() - start
 
@@ -202,7 +202,7 @@ class EASGD(Strategy):
         self.wait_seconds += self.clock() - start
 
     def stats(self) -> Dict:
-        mean, largest = W.staleness_summary(self.hist)
+        mean, largest = window.staleness_summary(self.hist)
         return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
                 "pushes": self.moves, "elastic_moves": self.moves, "alpha": self.alpha,
                 "exchange_wait_seconds": self.wait_seconds, "skipped_nonfinite": self.skipped_nonfinite}

@@ -26,11 +26,11 @@ PUSH_RATE_HELP = ("each push moves the global weights by 1/workers of the optimi
                   "pushes makes one ssgd step at the same --lr (average), or by the whole step (full: workers "
                   "times ssgd's step per epoch)")
 LOOKAHEAD_DEFAULT = True
-LOOKAHEAD_HELP = ("on the servers (dc-asgd, lc-asgd, softsync): answer each push with the weights the workers' "
+LOOKAHEAD_HELP = ("on the servers: answer each push with the weights the workers' "
                   "momentum will carry the global ones to before this worker pushes again (DANA's look-ahead), "
                   "so its next gradient is computed near where it lands: what lets momentum 0.9 train with many "
                   "workers (softsync: with per-worker momentum; --no-lookahead: the plain weights)")
-WORKER_LOOKAHEAD_HELP = ("on the workers (asgd, dbs-asgd): after each pull, carry the weights on by momentum x "
+WORKER_LOOKAHEAD_HELP = ("on the workers: after each pull, carry the weights on by momentum x "
                          "their move since this worker's previous pull (the global weights' own momentum, seen "
                          "from the worker), so its next gradient is computed near where it lands "
                          "(--no-lookahead: the plain weights)")

@@ -53,7 +53,7 @@ import torch
 
 from ..rules import SGDRule
 from ..options import option
-from ..transport import window as W
+from ..transport import window
 from ..transport.base import ReduceOp
 from ..checkpoint import tensors_copy
 from .base import Strategy
@@ -124,7 +124,7 @@ class _ServerExchange:
         """On the thread: push, wait for the global step, read it from the weights window. Without
         a worker timeout the weights cannot move again before this worker's next gradient is in; with
         one the servers may go on without this worker while it reads, hence the guarded read."""
-        answers = self.transport.request_async(W.Kind.PUSH, grad=self.send, payload=payload).wait()
+        answers = self.transport.request_async(window.Kind.PUSH, grad=self.send, payload=payload).wait()
         self.transport.pull(self.recv, guarded=True)
         return answers
 
@@ -283,7 +283,7 @@ class ODSGD(Strategy):
             self.local_optimizer = torch.optim.SGD(params, lr=local_lr, momentum=local_momentum)
         self._global_lr0 = global_lr
         self._local_lr0 = [group["lr"] for group in self.local_optimizer.param_groups]
-        self.hist = np.zeros(W.HIST_BINS, dtype=np.int64)
+        self.hist = np.zeros(window.HIST_BINS, dtype=np.int64)
         self.fresh = True  # the local weights are the global ones (start, after load_global_model)
         self.skipped_nonfinite = 0
         self.wait_seconds = 0.0
@@ -368,7 +368,7 @@ class ODSGD(Strategy):
         return super().progress()
 
     def stats(self) -> Dict:
-        mean, largest = W.staleness_summary(self.hist)
+        mean, largest = window.staleness_summary(self.hist)
         return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
                 "pushes": int(self.hist.sum()), "skipped_nonfinite": self.skipped_nonfinite,
                 "exchange_wait_seconds": self.wait_seconds}

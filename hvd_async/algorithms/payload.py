@@ -6,7 +6,7 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from ..transport import window as W
+from ..transport import window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,9 +25,9 @@ class Payload:
     def encode(self) -> Dict[int, float]:
         """``{slot: value}`` for :meth:`WindowTransport.request_async`."""
         fields = dataclasses.fields(self)
-        if len(fields) > W.PAYLOAD_LEN:
+        if len(fields) > window.PAYLOAD_LEN:
             raise TypeError(f"{type(self).__name__} declares {len(fields)} fields; a request carries "
-                            f"{W.PAYLOAD_LEN}: merge fields or drop one")
+                            f"{window.PAYLOAD_LEN}: merge fields or drop one")
         return {slot: float(getattr(self, field.name)) for slot, field in enumerate(fields)}
 
     @classmethod

@@ -41,7 +41,7 @@ import torch
 from ..checkpoint import tensors_copy
 from ..checks import all_finite, norm_if_finite
 from ..rules import Blocks, Scratch, SGDRule
-from ..transport import window as W
+from ..transport import window
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, finite_grads
 from .lookahead import Lookahead
@@ -61,10 +61,10 @@ def mailbox_snapshot(transport, flat: torch.Tensor, while_idle=None) -> None:
     RESUME last, a fast worker's next push could be taken before a slower worker's RESUME, and a
     synchronous rule would apply it alone as a whole round. The PULL's answer proves every shard took
     this worker's RESUME; the barrier then proves it for every worker before anyone pushes."""
-    transport.request_async(W.Kind.IDLE).wait()
+    transport.request_async(window.Kind.IDLE).wait()
     transport.barrier()  # every worker's last push was answered: nothing is pending on any shard
-    transport.request_async(W.Kind.RESUME).wait()
-    transport.request_async(W.Kind.PULL, out=flat).wait()
+    transport.request_async(window.Kind.RESUME).wait()
+    transport.request_async(window.Kind.PULL, out=flat).wait()
     if while_idle is not None:
         while_idle()
     transport.barrier()
@@ -102,7 +102,7 @@ class PSStrategy(Strategy):
         super().__init__(optimizer, named_parameters, transport, options)
         params = [p for _, p in named_parameters]
         self.model = FlatModel(params)
-        self.hist = np.zeros((transport.servers, W.HIST_BINS), dtype=np.int64)
+        self.hist = np.zeros((transport.servers, window.HIST_BINS), dtype=np.int64)
         self.skipped_nonfinite = 0
         self.global_pushes = 0
 
@@ -126,7 +126,7 @@ class PSStrategy(Strategy):
 
     def _record(self, staleness) -> None:
         for k, s in enumerate(staleness):
-            self.hist[k, min(int(s), W.HIST_BINS - 1)] += 1
+            self.hist[k, min(int(s), window.HIST_BINS - 1)] += 1
 
     def step(self, closure=None):
         loss = self.reported_loss
@@ -155,7 +155,7 @@ class PSStrategy(Strategy):
 
     def stats(self) -> Dict:
         pooled = self.hist.sum(axis=0)
-        mean, largest = W.staleness_summary(pooled)
+        mean, largest = window.staleness_summary(pooled)
         return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": pooled.tolist(), "pushes": int(self.hist[0].sum()),
                 "skipped_nonfinite": self.skipped_nonfinite}
 
@@ -216,7 +216,7 @@ class MailboxStrategy(PSStrategy):
         if self.transport.spec.outbox:
             answers = self.transport.push(grad, self.model.flat, payload)
         else:  # the answer says the weights are ready: read them (guarded: a later update may be writing)
-            answers = self.transport.request_async(W.Kind.PUSH, grad=grad, payload=payload).wait()
+            answers = self.transport.request_async(window.Kind.PUSH, grad=grad, payload=payload).wait()
             self.transport.pull(self.model.flat, guarded=True)
         self.model.load_params()
         self._count(answers)
@@ -224,7 +224,7 @@ class MailboxStrategy(PSStrategy):
 
     def _count(self, answers) -> None:
         """Count a push by the servers' answers (backup-sgd also counts the pushes it dropped)."""
-        if answers.all(W.Status.APPLIED):
+        if answers.all(window.Status.APPLIED):
             self._record(answers.staleness)
         else:
             self.skipped_nonfinite += 1
@@ -258,13 +258,13 @@ class MailboxStrategy(PSStrategy):
 
 
 
-class AccumulateProgram(W.ServerProgram):
+class AccumulateProgram(window.ServerProgram):
     """The servers' program in accumulate mode (asgd, dbs-asgd, easgd's centre): no arithmetic, the
     workers' accumulates land by themselves; the servers' loop keeps MPI moving."""
 
 
 
-class MailboxProgram(W.ServerProgram):
+class MailboxProgram(window.ServerProgram):
     """The server side shared by the programs that apply each push themselves (dc-asgd and lc-asgd,
     softsync and od-sgd's global step, backup-sgd): snapshots, idle/resume, the non-finite check.
     A program that reads each gradient's norm sets ``uses_grad_norm``: the check then takes it (one
@@ -327,13 +327,13 @@ class MailboxProgram(W.ServerProgram):
     def staleness(self, worker: int) -> int:
         return self.host.version - self.held[worker]
 
-    def on_request(self, worker: int, request: W.Request) -> None:
+    def on_request(self, worker: int, request: window.Request) -> None:
         if not self.started:  # every worker starts from the published weights, version 0
             for m in range(self.host.spec.workers):
                 self.snapshot(m)
             self.started = True
         kind = request.kind
-        if kind is W.Kind.PUSH:
+        if kind is window.Kind.PUSH:
             self.active.add(worker)
             grad = self.host.inbox[worker if request.slot is None else request.slot]
             if self.uses_grad_norm:  # the check and the norm the program reports, in one pass
@@ -346,13 +346,13 @@ class MailboxProgram(W.ServerProgram):
                 logger.warning("server %d: non-finite gradient from worker %d skipped (%d so far)",
                                self.host.shard, worker, self.host.skipped_nonfinite)
                 self.snapshot(worker)
-                self.host.answer(worker, 0, W.Status.SKIPPED)
+                self.host.answer(worker, 0, window.Status.SKIPPED)
                 return
             self.on_push(worker, grad, self.Payload.decode(request.payload), grad_norm)
-        elif kind is W.Kind.PULL:
+        elif kind is window.Kind.PULL:
             self.snapshot(worker, slot=request.slot)
-            self.host.answer(worker, 0, W.Status.SNAPSHOT)
-        elif kind is W.Kind.IDLE:
+            self.host.answer(worker, 0, window.Status.SNAPSHOT)
+        elif kind is window.Kind.IDLE:
             self.on_leave(worker)
         else:  # Kind.RESUME (Request.decode refuses kinds that are none of these)
             self.active.add(worker)

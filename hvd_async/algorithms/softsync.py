@@ -7,7 +7,7 @@ from ..checkpoint import tensors_copy
 from ..checks import is_int_at_least, user_stacklevel
 from ..options import option
 from ..rules import RunningMean, fold_
-from ..transport import window as W
+from ..transport import window
 from .groups import (SERVER_MOMENTA, SERVER_MOMENTUM_DEFAULT, Compression, InboxSlots, LookaheadOption,
                      OptionGroup, PushRate, ServerMomentum, check_choice)
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
@@ -248,4 +248,4 @@ class SoftSyncProgram(MailboxProgram):
         self.pending = []
         for m, s in zip(workers, staleness):
             self.snapshot(m, copy=False)
-            self.host.answer(m, s, W.Status.APPLIED)
+            self.host.answer(m, s, window.Status.APPLIED)

@@ -25,7 +25,7 @@ from ..delays import DelayModel
 from ..jobspec import JobSpec
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
-from ..transport import window as W
+from ..transport import window
 from ..transport.horovod import HorovodTransport
 from ..transport.peer import PeerWindowTransport
 from ..transport.trace import Trace, Tracer
@@ -78,7 +78,7 @@ class Cluster:
         (``TAG_OPEN``, its spec to each server in turn; the shards open at the first)."""
         members = list(range(self.world.servers + self.sim.workers))
         spec = SimComm(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
-        if tag != W.TAG_OPEN:
+        if tag != window.TAG_OPEN:
             raise RuntimeError(f"simulated server {server}: unexpected control message (tag {tag})")
         if server == 0:  # the n-th transport: the n-th duplicate of the window communicator
             context = ("win", len(self.servers) + 1)

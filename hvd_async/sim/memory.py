@@ -18,7 +18,7 @@ import torch
 
 from .. import registry
 from ..algorithms.base import parse_options
-from ..transport import window as W
+from ..transport import window
 from .windows import SimShardHost
 
 SIZES = (2048, 4096)  # shard elements of the two counts (their difference is what scales)
@@ -43,13 +43,13 @@ def _held_bytes(obj: Any, windows: set, seen: set, storages: Dict[int, int]) -> 
     elif isinstance(obj, (list, tuple, set)):
         for value in obj:
             _held_bytes(value, windows, seen, storages)
-    elif type(obj).__module__.startswith("hvd_async") and not isinstance(obj, W.ShardHost) \
+    elif type(obj).__module__.startswith("hvd_async") and not isinstance(obj, window.ShardHost) \
             and hasattr(obj, "__dict__"):
         for value in vars(obj).values():
             _held_bytes(value, windows, seen, storages)
 
 
-def _program_bytes(cls, spec: W.WindowSpec) -> int:
+def _program_bytes(cls, spec: window.WindowSpec) -> int:
     """Bytes of tensors the server program (and the host's fp16 widening) keeps after one push from
     every worker."""
     host = SimShardHost(spec, 0, cls.server_program)  # the slots as the real host has them (fp16: read widened)
@@ -59,12 +59,12 @@ def _program_bytes(cls, spec: W.WindowSpec) -> int:
         program = host.program
         gen = torch.Generator().manual_seed(0)
         payload = program.Payload(lr=0.01, momentum=0.9, weight_decay=1e-4).encode()
-        header = np.zeros(W.H_LEN, dtype=np.float64)
+        header = np.zeros(window.H_LEN, dtype=np.float64)
         for worker in range(spec.workers):
             slot = worker % spec.inbox_slots  # (a pool of fewer slots than workers: taken in turn)
             host.inbox_raw[slot].copy_(torch.randn(spec.numel, generator=gen))
-            W.encode_request(header, W.Kind.PUSH, payload, slot if spec.pooled else None)
-            program.on_request(worker, W.Request.decode(header, 0, worker))
+            window.encode_request(header, window.Kind.PUSH, payload, slot if spec.pooled else None)
+            program.on_request(worker, window.Request.decode(header, 0, worker))
     windows = {t.untyped_storage().data_ptr() for t in [host.weights] + slots}
     storages: Dict[int, int] = {}
     seen: set = set()
@@ -73,7 +73,7 @@ def _program_bytes(cls, spec: W.WindowSpec) -> int:
     return sum(storages.values())
 
 
-def window_copies(spec: W.WindowSpec) -> float:
+def window_copies(spec: window.WindowSpec) -> float:
     """Copies of the shard (4 bytes an element) in its windows: weights, inbox slots, outbox."""
     if spec.mode != "mailbox":
         return 1.0

@@ -17,16 +17,6 @@ from ..options import option
 DEFAULT_COMPUTE_MS = 10.0
 
 
-def _retune(parser, dest: str, **changes) -> None:
-    """Change the default and help of one of train's options for the simulator."""
-    for action in parser._actions:
-        if action.dest == dest:
-            for key, value in changes.items():
-                setattr(action, key, value)
-            return
-    raise KeyError(dest)
-
-
 @dataclasses.dataclass
 class SimOptions:
     """The simulator's own options (beside every option of ``hvd-async train``)."""
@@ -44,7 +34,7 @@ class SimOptions:
         "HVD_ASYNC_WINDOW_TRACE gives a real run (the parameter-server algorithms)", flag="--trace-out",
         metavar="DIR")
     replay: Optional[str] = option(
-        None, "asgd, dc-asgd, lc-asgd: make the pushes land in the order a real run recorded "
+        None, "{replayable}: make the pushes land in the order a real run recorded "
         "(HVD_ASYNC_WINDOW_TRACE=DIR); needs the same --workers, --seed and options", flag="--replay",
         metavar="DIR")
 
@@ -77,19 +67,22 @@ class SimOptions:
 
 
 def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    d = (lambda value: argparse.SUPPRESS) if suppress_defaults else (lambda value: value)
-    p = config.build_parser(prog="hvd-async simulate", launcher=False, suppress_defaults=suppress_defaults)
+    retuned = {
+        "np": {"help": "ignored by the simulator unless given: then it must equal --workers plus --servers"},
+        "compute_ms": {"default": DEFAULT_COMPUTE_MS,
+                       "help": "mean simulated device time per step of a nominal batch (virtual ms; > 0)"},
+        "straggler": {"help": "multiply that worker's device times by FACTOR (repeatable; workers are "
+                              "numbered 0..workers-1)"},
+        "progress": {"help": "ignored: the simulator prints one line per epoch"},
+    }
+    p = config.build_parser(prog="hvd-async simulate", launcher=False, suppress_defaults=suppress_defaults,
+                            retuned=retuned)
     p.description = ("Simulate the training job with N workers on one core: the real strategies and "
                      "server programs, a virtual clock, per-worker compute times drawn from a "
                      "distribution. Deterministic: the same seed gives the same metrics JSON. Times "
                      "in the output are simulated seconds (time_base: simulated).")
-    _retune(p, "np", help="ignored by the simulator unless given: then it must equal --workers plus --servers")
-    _retune(p, "compute_ms", default=d(DEFAULT_COMPUTE_MS),
-            help="mean simulated device time per step of a nominal batch (virtual ms; > 0)")
-    _retune(p, "straggler", help="multiply that worker's device times by FACTOR (repeatable; workers "
-                                 "are numbered 0..workers-1)")
-    _retune(p, "progress", help="ignored: the simulator prints one line per epoch")
-    options.add_options(p.add_argument_group("simulator"), SimOptions, suppress_defaults=suppress_defaults)
+    options.add_options(p.add_argument_group("simulator"), SimOptions, suppress_defaults=suppress_defaults,
+                        names={"replayable": registry.replayable()})
     return p
 
 

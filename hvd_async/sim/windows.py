@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..transport import window as W
+from ..transport import window
 from .mpi import SimComm, SimWin, SimWorld
 
 
@@ -35,7 +35,7 @@ class MemoryWindows:
     (``arrays``, as :class:`~hvd_async.transport.window.layout._Windows` gives its windows' memory),
     nothing to lock, sync or free."""
 
-    def __init__(self, spec: W.WindowSpec, shard: int):
+    def __init__(self, spec: window.WindowSpec, shard: int):
         n, mailbox = spec.shard_len(shard), spec.mode == "mailbox"
         wire = torch.float16 if spec.wire == "fp16" else torch.float32
         self._arrays = (np.zeros(spec.meta_len, dtype=np.int64), torch.zeros(n, dtype=torch.float32),
@@ -69,7 +69,7 @@ class _Unattached:
         pass
 
 
-class SimShardHost(W.ShardHost):
+class SimShardHost(window.ShardHost):
     """Shard ``shard`` of a simulated parameter server: the real host on :class:`MemoryWindows`, over
     ``comm`` (its rank of the transport's simulated communicator; None: answers land in ``answers``)."""
 
@@ -77,7 +77,7 @@ class SimShardHost(W.ShardHost):
     def clock() -> float:  # the simulated servers take no time (busy_seconds stays 0)
         return 0.0
 
-    def __init__(self, spec: W.WindowSpec, shard: int, make_program, comm: Optional[SimComm] = None):
+    def __init__(self, spec: window.WindowSpec, shard: int, make_program, comm: Optional[SimComm] = None):
         self.answers: Dict[int, np.ndarray] = {}
         self.memory = MemoryWindows(spec, shard)
         super().__init__(_Unattached(self) if comm is None else comm, spec, shard, make_program,
@@ -129,7 +129,7 @@ class SimServers:
         scripts: replay: every worker's recorded exchanges (:class:`ReplayScript`), or None.
     """
 
-    def __init__(self, world: SimWorld, context, spec: W.WindowSpec, make_program,
+    def __init__(self, world: SimWorld, context, spec: window.WindowSpec, make_program,
                  scripts: Optional[List[ReplayScript]] = None):
         self.world, self.spec, self.scripts = world, spec, scripts
         members = list(range(spec.servers + spec.workers))
@@ -140,13 +140,13 @@ class SimServers:
         world.windows[context] = self.window
 
     def handle(self, source: int, shard: int, tag: int) -> None:
-        if self.scripts is not None and shard == 0 and tag == W.TAG_REQUEST:
+        if self.scripts is not None and shard == 0 and tag == window.TAG_REQUEST:
             header = self.world.peek(self.hosts[0].comm, source, tag).payload
-            if W.Kind(int(header[W.H_KIND])) is W.Kind.PUSH:
+            if window.Kind(int(header[window.H_KIND])) is window.Kind.PUSH:
                 self.turn(source - self.spec.servers)
         host = self.hosts[shard]
         host.handle(source, tag)
-        if tag == W.TAG_CLOSE and all(h.all_closed for h in self.hosts):  # the last worker closed
+        if tag == window.TAG_CLOSE and all(h.all_closed for h in self.hosts):  # the last worker closed
             for h in self.hosts:
                 h.close()
 

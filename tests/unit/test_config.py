@@ -1,7 +1,7 @@
 """Option parsing and validation: YAML presets under flags, and a one-line error for every bad value."""
 import pytest
 
-from hvd_async import config
+from hvd_async import config, registry
 
 
 def _validate(argv, world_size=None):
@@ -150,3 +150,34 @@ def test_server_threads_is_a_job_option_checked_at_construction():
     assert JobOptions(server_threads=3).server_threads == 3
     with pytest.raises(ValueError, match="server_threads must be >= 1"):
         JobOptions(server_threads=0)
+
+
+def _help_of(parser, dest: str) -> str:
+    return " ".join(next(a.help for a in parser._actions if a.dest == dest).split())
+
+
+def test_help_texts_take_their_lists_of_algorithms_from_the_registry(monkeypatch):
+    """--deterministic names the algorithms whose sums are an allreduce, simulate's --replay those it
+    can replay, and a flag two algorithms declare with different help texts names each text's own:
+    each list follows the registry (here: one row more), none is typed in a help text."""
+    from hvd_async.algorithms import groups
+    from hvd_async.sim import options as sim_options
+
+    assert _help_of(config.build_parser(), "deterministic").startswith(
+        f"{', '.join(registry.repeatable())}, od-sgd --od-exchange allreduce: reduce tensor by tensor")
+    assert _help_of(sim_options.build_parser(), "replay").startswith(
+        f"{', '.join(registry.replayable())}: make the pushes land")
+    lookahead = _help_of(config.build_parser(), "lookahead")
+    takes = {n: c.Options for n, c in registry.strategies().items() if c.Options is not None}
+    workers = [n for n, o in takes.items() if issubclass(o, groups.WorkerLookaheadOption)]
+    servers = [n for n, o in takes.items() if issubclass(o, groups.LookaheadOption) and n not in workers]
+    assert workers and servers
+    assert lookahead.startswith(f"{', '.join(workers)}: on the workers: after each pull"), lookahead
+    assert f" / {', '.join(servers)}: on the servers: answer each push" in lookahead, lookahead
+
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    registry.register("ssgd-copy", type("SSGDCopy", (registry.strategy_class("ssgd"),), {}),
+                      summary="a plugin's synchronous algorithm")
+    assert registry.repeatable()[-1] == "ssgd-copy"
+    assert _help_of(config.build_parser(), "deterministic").startswith(
+        f"{', '.join(registry.repeatable())}, od-sgd")

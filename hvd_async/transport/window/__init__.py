@@ -76,4 +76,4 @@ opening fails with a message that says so when the default one cannot create the
 from .client import WindowTransport  # noqa: F401
 from .worker_side import WorkerSide  # noqa: F401
 from .host import ServerProgram, ShardHost  # noqa: F401
-from .layout import *  # noqa: F401,F403  (the layout and wire format: W.H_LEN, W.Kind, W.Request, ...)
+from .layout import *  # noqa: F401,F403  (the layout and wire format: window.H_LEN, window.Kind, window.Request, ...)
