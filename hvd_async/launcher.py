@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 # the launch time of a run of ``hvd-async train`` (time.time()), for its record's seconds to the first step
 LAUNCHED_AT = "HVD_ASYNC_LAUNCHED_AT"
@@ -49,6 +49,12 @@ def _raise_terminated(signum, frame):
     raise _Terminated()
 
 
+# After a rank called MPI_Abort (mpirun relays its banner), the seconds mpirun has to end the job before
+# the launcher stops it: the ranks are gone within seconds (failures.abort's backstop ends the aborting
+# one within 10 s), so an mpirun still running long after is stuck itself and would hold the job for ever.
+ABORT_END_SECONDS = 30.0
+
+
 def run(cmd: List[str]) -> Outcome:
     """Run a launcher command to completion (Ctrl-C or SIGTERM to this process stops the job).
 
@@ -56,9 +62,11 @@ def run(cmd: List[str]) -> Outcome:
     said what went wrong in an ``error:`` line (see :class:`BannerFilter`). mpirun itself, when it is
     sent SIGINT or SIGTERM, stops the ranks and exits 1 without a word, where a failed rank always
     leaves a line (the job's ``error:``, a traceback or mpirun's banner): that silent exit 1 is an
-    interruption too."""
+    interruption too. An mpirun still running ``ABORT_END_SECONDS`` after a rank called MPI_Abort is
+    stopped, with a line saying so, and the job ends with the aborting rank's error code."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
-    sink = BannerFilter(sys.stderr)
+    guard = _AbortGuard(proc)
+    sink = BannerFilter(sys.stderr, on_abort=guard.aborted)
     relay = threading.Thread(target=_relay, args=(proc.stderr, sink), daemon=True)
     relay.start()
     in_main = threading.current_thread() is threading.main_thread()
@@ -75,12 +83,48 @@ def run(cmd: List[str]) -> Outcome:
             proc.kill()
         code = 128 + getattr(signal, interrupted)
     finally:
+        guard.cancel()
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+    if guard.code is not None:
+        code = guard.code
     relay.join(10)
     if interrupted is None and code == 1 and not sink.saw_failure:
         interrupted = "a signal to mpirun"
     return Outcome(code, interrupted)
+
+
+class _AbortGuard:
+    """Stops mpirun where it has not ended ``ABORT_END_SECONDS`` after a rank called MPI_Abort
+    (:meth:`aborted`, from the relay); ``code`` is then the abort's error code, else None."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.code: Optional[int] = None
+        self._timer: Optional[threading.Timer] = None
+
+    def aborted(self, code: int) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(ABORT_END_SECONDS, self._stop, args=(code,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _stop(self, code: int) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.code = code
+        sys.stderr.write(f"hvd-async: error: mpirun had not ended {ABORT_END_SECONDS:g} s after a rank called "
+                         f"MPI_Abort (error code {code}); stopped it, which ends the ranks it still held\n")
+        sys.stderr.flush()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def _relay(pipe, sink: "BannerFilter") -> None:
@@ -101,6 +145,7 @@ _EXIT_BANNERS = (b"exited with non-zero status", b"returned\na non-zero exit cod
 # error it names varies with where the relay was cut ("Data unpack would read past end of buffer", "Out
 # of resource"); what marks it is that show_help.c, the help relay, raised it
 _CUT_BANNER = re.compile(rb"ORTE_ERROR_LOG: .* in file \S*show_help\.c at line \d+")
+_ABORT_CODE = re.compile(rb"MPI_ABORT was invoked on rank \d+ in communicator .*\s+with errorcode (-?\d+)")
 
 
 class BannerFilter:
@@ -113,8 +158,9 @@ class BannerFilter:
     they are held, and written at the end of the stream if none did. Every other block (a rank killed
     by a signal, help messages) is passed on whole."""
 
-    def __init__(self, out):
+    def __init__(self, out, on_abort: Optional[Callable[[int], None]] = None):
         self.out = out
+        self.on_abort = on_abort  # called once, with the error code, when mpirun says a rank called MPI_Abort
         self.binary = getattr(out, "buffer", None)
         self.line = b""  # the current line, ``flushed`` bytes of it already written
         self.flushed = 0
@@ -151,6 +197,9 @@ class BannerFilter:
             self.block.append(line)
             if edge:
                 text, self.block = b"".join(self.block), None
+                abort = _ABORT_CODE.search(text)
+                if abort is not None:
+                    self._aborted(int(abort.group(1)))
                 if any(marker in text for marker in _EXIT_BANNERS):
                     self._repeat(text)
                 else:
@@ -160,6 +209,7 @@ class BannerFilter:
             self.block, self.saw_failure = [line], True
             return
         if _CUT_BANNER.search(line):
+            self._aborted(1)  # (an abort whose banner was cut: its error code is not known)
             self._repeat(line[self.flushed:])
             return
         self._write(line[self.flushed:])
@@ -168,6 +218,11 @@ class BannerFilter:
             self.held.clear()
         if b"error:" in line or line.startswith(b"Traceback"):
             self.saw_failure = True
+
+    def _aborted(self, code: int) -> None:
+        if self.on_abort is not None:
+            self.on_abort(code)
+            self.on_abort = None
 
     def _repeat(self, text: bytes) -> None:
         if not self.saw_error:

@@ -1,7 +1,10 @@
 """The launcher's stderr relay: mpirun's exit-status banner is dropped after the job's own one-line
 error, and nothing else is held back or lost."""
 import io
+import sys
+import time
 
+from hvd_async import launcher
 from hvd_async.launcher import BannerFilter
 
 ERROR = b"hvd_async.train: error: --lr must be > 0, got -1\n"
@@ -86,3 +89,41 @@ def test_a_benchmark_relaunched_under_mpirun_returns_its_exit_status(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe, os.path.join(root, "benchmarks"), str(script)],
                           capture_output=True, text=True, timeout=120, cwd=root, env=dict(os.environ))
     assert "RELAUNCHED int 3" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_abort_banner_is_reported_once_with_its_error_code():
+    """The relay tells the launcher that a rank called MPI_Abort: once, with the banner's error code
+    (1 where only the cut banner's ORTE_ERROR_LOG line came), and never for the other banners."""
+    for data, codes in ((ERROR + ABORT, [2]), (ABORT + ERROR + CUT, [2]), (ERROR + CUT + DETECTED, [1]),
+                        (CUT + ABORT, [1]), (ERROR + PRIMARY + DETECTED + KILLED, [])):
+        seen = []
+        sink = BannerFilter(io.TextIOWrapper(io.BytesIO(), write_through=True), on_abort=seen.append)
+        for i in range(0, len(data), 7):
+            sink.feed(data[i:i + 7])
+        sink.close()
+        assert seen == codes, (data, seen)
+
+
+def _fake_mpirun(tmp_path, then: str):
+    """A command that writes the job's error line and the MPI_ABORT banner to stderr, then does ``then``."""
+    script = tmp_path / "fake_mpirun.py"
+    script.write_text(f"import sys, time\nsys.stderr.buffer.write({(ERROR + ABORT)!r})\nsys.stderr.flush()\n{then}\n")
+    return [sys.executable, str(script)]
+
+
+def test_an_mpirun_that_does_not_end_after_an_abort_is_stopped(tmp_path, monkeypatch, capfd):
+    """mpirun still running ABORT_END_SECONDS after the abort banner (stuck itself: the ranks are gone)
+    is stopped, with one line saying so, and the job's status is the abort's error code; an mpirun that
+    ends by itself meanwhile is left alone."""
+    monkeypatch.setattr(launcher, "ABORT_END_SECONDS", 1.0)
+    start = time.monotonic()
+    outcome = launcher.run(_fake_mpirun(tmp_path, "time.sleep(60)"))
+    assert time.monotonic() - start < 20
+    assert outcome == launcher.Outcome(2, None)
+    err = capfd.readouterr().err
+    assert err.startswith(ERROR.decode()) and "mpirun had not ended 1 s after a rank called MPI_Abort" in err, err
+
+    outcome = launcher.run(_fake_mpirun(tmp_path, "time.sleep(0.2)\nsys.exit(2)"))
+    time.sleep(1.5)  # past the guard's time: its timer was cancelled when mpirun ended
+    assert outcome == launcher.Outcome(2, None)
+    assert capfd.readouterr().err == ERROR.decode()
