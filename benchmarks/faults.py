@@ -28,7 +28,7 @@ import common  # noqa: E402
 
 sys.path.insert(0, os.path.join(common.ROOT, "tests"))
 sys.path.insert(0, os.path.join(common.ROOT, "tests", "unit"))
-from procs import _group_alive  # noqa: E402  (whether a job's process group still has a process)
+from procs import _group_alive, group_processes  # noqa: E402  (a job's process group: alive? who is in it?)
 
 ROOT = common.ROOT
 JOB = os.path.join(ROOT, "tests", "mpi", "fault_job.py")
@@ -82,7 +82,7 @@ def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root:
         status = proc.returncode
     except subprocess.TimeoutExpired:
         status = None
-        alive = _group_processes(proc.pid)  # what was still there: who holds the job up
+        alive = group_processes(proc.pid)  # what was still there: who holds the job up
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
     end = time.time()
@@ -149,13 +149,6 @@ def run_order_cell(algo: str, order: str, shm: bool, hang: float, limit: float, 
     if hung:
         cell["alive_at_hang"] = alive
     return cell
-
-
-def _group_processes(pgid: int) -> list:
-    """``pid state wchan command`` of every process in the process group ``pgid`` (ps's view)."""
-    done = subprocess.run(["ps", "-o", "pid=,stat=,wchan:20=,args=", "-g", str(pgid)], capture_output=True,
-                          text=True)
-    return [line.strip()[:200] for line in done.stdout.splitlines() if line.strip()]
 
 
 def main() -> int:

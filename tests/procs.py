@@ -29,19 +29,21 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def group_processes(pgid: int) -> list:
+    """``pid ppid state wchan elapsed command`` of every process in the process group ``pgid`` (ps's view)."""
+    done = subprocess.run(["ps", "-o", "pid=,ppid=,stat=,wchan:24=,etime=,args=", "-g", str(pgid)],
+                          capture_output=True, text=True)
+    return [line.strip()[:200] for line in done.stdout.splitlines() if line.strip()]
+
+
 def hung_processes(pgid: int) -> str:
-    """What each process of a hung job's group is doing, for the failure's message: its state and
-    kernel wait channel (``ps``), and every thread's native stack (``gdb``, where installed; a rank
-    blocked in MPI shows where, mpirun shows whether it still waits on a rank or on itself)."""
-    lines = []
-    table = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "-g", str(pgid)],
-                           capture_output=True, text=True).stdout
-    lines.append("processes of the hung job:\n" + table)
+    """What each process of a hung job's group is doing, for the failure's message: its row of
+    :func:`group_processes`, and every thread's native stack (``gdb``, where installed; a rank blocked
+    in MPI shows where, mpirun shows whether it still waits on a rank or on itself)."""
+    rows = group_processes(pgid)
+    lines = ["processes of the hung job (pid ppid state wchan elapsed command):", *rows]
     gdb = shutil.which("gdb")
-    for row in table.splitlines()[1:]:
-        pid = row.split()[0]
-        if gdb is None:
-            break
+    for pid in ([row.split()[0] for row in rows] if gdb else []):
         try:
             stacks = subprocess.run([gdb, "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt 12"],
                                     capture_output=True, text=True, timeout=30).stdout
