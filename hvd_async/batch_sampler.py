@@ -1,5 +1,5 @@
 """A ``torch.utils.data`` batch sampler whose batch size follows the optimizer's (dbs-asgd's data loop)."""
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DistributedSampler, Sampler
@@ -91,7 +91,8 @@ class DynamicBatchSampler(Sampler):
         self.sequence = (_SamplerSequence(data, fetch_add=cursor) if isinstance(data, Sampler)
                          else SharedCursorBatches(len(data), seed=seed, fetch_add=cursor))
         self.epoch = 0
-        self._drawn = None  # a batch drawn from the next epoch, which ended this one: that epoch's first
+        # a batch drawn from the next epoch, which ended this one: that epoch's first
+        self._drawn: Optional[Tuple[int, List[int]]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter()`` yields (otherwise each ``iter()`` is the one after the last)."""

@@ -125,10 +125,11 @@ def load(path: str, *, expect: Optional[Dict[str, Any]] = None, kind: Optional[s
                               f"reads version {FORMAT_VERSION}: use the hvd_async that wrote it, or {_AGAIN}")
     if kind is not None and record["kind"] != kind:
         raise CheckpointError(f"checkpoint {path} is a {record['kind']!r} checkpoint, expected {kind!r}; {_AGAIN}")
-    differ = [key for key in (expect or {}) if _plain(record["meta"].get(key, _Absent)) != _plain(expect[key])]
+    expected = expect or {}
+    differ = [key for key in expected if _plain(record["meta"].get(key, _Absent)) != _plain(expected[key])]
     if differ:
-        had = ", ".join(_describe(key, record["meta"].get(key, _Absent), expect[key]) for key in differ)
-        now = ", ".join(_describe(key, expect[key], record["meta"].get(key, _Absent)) for key in differ)
+        had = ", ".join(_describe(key, record["meta"].get(key, _Absent), expected[key]) for key in differ)
+        now = ", ".join(_describe(key, expected[key], record["meta"].get(key, _Absent)) for key in differ)
         raise CheckpointError(f"checkpoint {path} was written with {had}; this job runs with {now}: "
                               f"resume with the same settings or start without --resume")
     return record["state"]

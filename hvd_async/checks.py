@@ -4,7 +4,8 @@ import math
 import numbers
 import os
 import sys
-from typing import Optional, Sequence
+from types import FrameType
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -93,7 +94,7 @@ def nonfinite_on_device(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tenso
     if not tensors or _AMP_CHECK is None:
         return None
     device = tensors[0].device
-    groups = {}
+    groups: Dict[torch.dtype, List[torch.Tensor]] = {}
     for t in tensors:
         if t.device != device or t.is_sparse or not t.is_floating_point() or device.type not in DEVICE_TYPES:
             return None
@@ -119,6 +120,7 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` for a ``warnings.warn`` made by this function's caller that names the first line
     outside the package (the user's call), past the package's frames and dataclasses' generated
     ``__init__`` (file ``<string>``): a deprecation then points at the line to change."""
+    frame: Optional[FrameType]
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
                                  or frame.f_code.co_filename.startswith("<")):

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, cast
 
 from . import config, launcher, registry
 
@@ -40,7 +40,7 @@ def _train(argv: List[str]) -> int:
         from .jobstate import load_newest
 
         try:
-            load_newest(job.checkpoint_dir, spec.meta(), mmap=True)
+            load_newest(cast(str, job.checkpoint_dir), spec.meta(), mmap=True)  # (--resume needs the folder)
         except checkpoint.CheckpointError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
@@ -55,12 +55,13 @@ def _train(argv: List[str]) -> int:
     restarts = 0
     while True:
         run_argv = list(job_argv)
-        if restarts and not job.resume and checkpoint.latest(job.checkpoint_dir):
+        # (a restart needs --max-restarts, which needs --checkpoint-dir)
+        if restarts and not job.resume and checkpoint.latest(cast(str, job.checkpoint_dir)):
             run_argv.append("--resume")
         os.environ[launcher.LAUNCHED_AT] = repr(time.time())  # before mpirun_command, which forwards it
         try:
-            cmd = launcher.mpirun_command(spec.layout.world_size, launcher.python_module("hvd_async.train", run_argv),
-                                          mpi_args=launch.mpi_args)
+            cmd = launcher.mpirun_command(cast(int, spec.layout.world_size),  # (the launcher's --np has a default)
+                                          launcher.python_module("hvd_async.train", run_argv), mpi_args=launch.mpi_args)
         except FileNotFoundError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
@@ -79,7 +80,7 @@ def _train(argv: List[str]) -> int:
             print(f"hvd-async train: error: {why}{hint}", file=sys.stderr)
             return code
         restarts += 1
-        newest = checkpoint.latest(job.checkpoint_dir)
+        newest = checkpoint.latest(cast(str, job.checkpoint_dir))
         print(f"hvd-async train: {why}; restart {restarts} of {launch.max_restarts} from "
               f"{newest or 'the start (no checkpoint was written yet)'}", file=sys.stderr, flush=True)
 

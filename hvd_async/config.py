@@ -15,7 +15,7 @@ import difflib
 import os
 import shlex
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 import yaml
 
@@ -202,13 +202,14 @@ def _yaml_value(path: str, key, value, action: argparse.Action):
             raise ConfigError(f"--config {path}: {key}: invalid value {value!r}; accepted: true or false")
         return value
     if action.type is not None:
+        convert = cast(Callable[[str], Any], action.type)  # (this parser's types are callables, never names)
         try:
             if isinstance(value, (bool, list, dict)) or (action.type is int and isinstance(value, float)):
                 raise TypeError(value)  # int() would take True or 2.5 as 1 or 2
-            value = action.type(value)
+            value = convert(value)
         except (TypeError, ValueError):
             raise ConfigError(f"--config {path}: {key}: invalid value {value!r} "
-                              f"(expected {action.type.__name__})") from None
+                              f"(expected {convert.__name__})") from None
     if action.choices is not None and value not in action.choices:
         raise ConfigError(f"--config {path}: {key}: invalid choice {value!r}; choose from "
                           f"{', '.join(map(str, action.choices))}")
@@ -332,7 +333,7 @@ def given_flags(args: argparse.Namespace) -> str:
     """The algorithm's flags whose values differ from its defaults, as typed (for error messages)."""
     options_cls = registry.strategy_class(args.algo).Options
     given = options.from_args(options_cls, args)
-    return " ".join(f"{how.flag} {getattr(args, how.dest)}" for field, how in options.declared(options_cls)
+    return " ".join(f"{how.flag} {getattr(args, cast(str, how.dest))}" for field, how in options.declared(options_cls)
                     if how.flag and field.name in given and given[field.name] != field.default
                     and how.action not in ("store_true", "store_false"))
 

@@ -32,7 +32,7 @@ Every failure (unknown name, missing or malformed files, bad sizes) raises
 :class:`DataError` with one line that says what was wrong and what to do.
 """
 import os
-from typing import Optional, Tuple
+from typing import Optional, Sized, Tuple, cast
 
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
@@ -117,10 +117,11 @@ def fashion_mnist_dir(data_dir: Optional[str] = None) -> str:
 def validation_split(train: Dataset, size: int) -> Tuple[Subset, Subset]:
     """``(rest, validation)``: ``size`` images of ``train`` drawn once by ``VALIDATION_SEED`` (the
     same indices for every run seed), and the others, both in their order in ``train``."""
-    if not 0 < size < len(train):
+    total = len(cast(Sized, train))  # (torch's Dataset declares no len(); these datasets have one)
+    if not 0 < size < total:
         raise DataError(f"a validation split of {size} images needs a training split of more, "
-                        f"got {len(train)}")
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(VALIDATION_SEED))
+                        f"got {total}")
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(VALIDATION_SEED))
     val = order[:size].sort().values.tolist()
     rest = order[size:].sort().values.tolist()
     return Subset(train, rest), Subset(train, val)
@@ -146,7 +147,7 @@ def for_evaluation(splits: DataSplits, name: str, on: str) -> DataSplits:
         raise DataError(f"unknown split to score {on!r}; choose one of: {', '.join(EVAL_SPLITS)}")
     if on == "test":
         return splits
-    rest, val = validation_split(splits.train, validation_size(name, len(splits.train)))
+    rest, val = validation_split(splits.train, validation_size(name, len(cast(Sized, splits.train))))
     return splits._replace(train=rest, test=val)
 
 

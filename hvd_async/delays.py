@@ -66,10 +66,11 @@ class DelayModel:
         m, s, rng = self.mean, self.shape, self.rng
         if self.dist == "constant":
             return m
-        if self.dist == "uniform":
-            return float(rng.uniform(m * (1 - s), m * (1 + s)))
         if self.dist == "exponential":
             return float(rng.exponential(m))
+        assert s is not None  # check_shape gives the other distributions a shape
+        if self.dist == "uniform":
+            return float(rng.uniform(m * (1 - s), m * (1 + s)))
         if self.dist == "lognormal":
             return float(rng.lognormal(np.log(m) - s * s / 2, s))
         return float(m * (s - 1) / s * (1.0 + rng.pareto(s)))  # numpy's pareto is Lomax: shift by 1

@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import List, NamedTuple, Optional
+from typing import Any, List, NamedTuple, Optional, cast
 
 SHM_MINIMUM = 1 << 30  # below it NCCL, UCX between a node's ranks and DataLoader workers run out
 RANKS = 2
@@ -180,6 +180,7 @@ def ranks_main() -> None:
     window = comm.gather((report["window"], report["window_error"]), root=0)
     gpus = comm.gather(_gpus(), root=0)
     if comm.rank == 0:
+        window = cast(List[Any], window)  # gather returns the list on the root (None elsewhere)
         last = window[-1]
         sys.stdout.write("DOCTOR " + json.dumps({
             "window": last[0], "window_error": last[1] or next((e for _, e in window if e), ""),

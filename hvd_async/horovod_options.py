@@ -6,7 +6,7 @@ that does not name it gets one line saying so and naming the algorithms where it
 """
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Mapping
 
 from .checks import is_finite_number, user_stacklevel
 
@@ -93,7 +93,7 @@ def op_name(value) -> str:
 
 
 def check_supported(algorithm: str, supported: Iterable[str], options: HorovodOptions,
-                    where: Dict[str, Iterable[str]]) -> None:
+                    where: Mapping[str, Iterable[str]]) -> None:
     """Refuse (or, for speed-only options, warn about) a non-default option the algorithm gives no
     meaning to; ``where`` maps each option to the algorithms that support it."""
     for name, value in options.non_default().items():

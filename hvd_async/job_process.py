@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Optional
 
 from . import failures
 from .config import ConfigError
@@ -161,7 +162,7 @@ def main(argv, train_worker) -> int:
         return 0
     from .metrics import print_result
 
-    record = None
+    record: Optional[dict] = None
     errors = ha.worker_comm().Dup()  # where the workers find out whether an error hit all of them
     try:
         record = train_worker(spec)
@@ -199,6 +200,7 @@ def main(argv, train_worker) -> int:
         if not (record and record["dropped_workers"]):
             ha.shutdown()
             errors.Free()
+    assert record is not None  # each branch that leaves it None returned or ended the job
     if record["dropped_workers"]:  # results are out; the dropped workers never finish
         if ha.rank() == 0:
             say(f"finished without worker(s) {', '.join(map(str, record['dropped_workers']))} "

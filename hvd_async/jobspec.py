@@ -223,8 +223,9 @@ class JobSpec:
         """What a checkpoint's ``meta`` names of the job: a resume with other values is refused.
         ``parameters`` (name -> shape) only where the model is built."""
         job = self.job
-        meta = {"algorithm": self.algo, "workers": self.layout.workers, "servers": self.layout.servers,
-                "dataset": job.dataset, "model": job.model, "batch_size": job.batch_size, "seed": job.seed}
+        meta: Dict[str, Any] = {"algorithm": self.algo, "workers": self.layout.workers,
+                                "servers": self.layout.servers, "dataset": job.dataset, "model": job.model,
+                                "batch_size": job.batch_size, "seed": job.seed}
         if parameters is not None:
             meta["parameters"] = parameters
         return meta

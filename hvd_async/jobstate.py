@@ -21,12 +21,17 @@ import os
 import shutil
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from . import checkpoint
 from .checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from torch.utils.data import DistributedSampler
+
+    from .sampling import SharedCursorBatches
 
 __all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "load_newest", "parse_every",
            "read_whole", "rendezvous"]
@@ -36,6 +41,8 @@ TAG_ARRIVED = 7201
 
 class WorkerStalled(RuntimeError):
     """Workers stopped making progress (``--worker-timeout``) where the job cannot go on without them."""
+
+    printer: bool  # set by the raiser: whether this worker prints the error
 
     def __init__(self, workers: List[int], timeout: float, why: str):
         self.workers = workers
@@ -83,6 +90,11 @@ class Batches:
     sequence of random passes over the data from this worker's own generator.
     """
 
+    epoch: Optional[int]  # the epoch ``order`` is of (synchronous), None before the first
+    order: List[int]
+    pass_start: Optional[torch.Tensor]
+    sampler: "DistributedSampler[int]"  # synchronous only
+
     def __init__(self, num_samples: int, batch_size: int, *, rank: int, workers: int, seed: int,
                  synchronous: bool):
         self.num_samples, self.batch_size = num_samples, batch_size
@@ -93,8 +105,9 @@ class Batches:
         if synchronous:
             from torch.utils.data import DistributedSampler
 
-            self.sampler = DistributedSampler(range(num_samples), num_replicas=workers, rank=rank,
-                                              shuffle=True, seed=seed)
+            self.sampler = DistributedSampler(
+                range(num_samples),  # type: ignore[arg-type]  # torch's stub wants a Dataset; it takes only its len()
+                num_replicas=workers, rank=rank, shuffle=True, seed=seed)
             self.per_epoch = -(-len(self.sampler) // batch_size)
 
     def _epoch_order(self, epoch: int) -> List[int]:
@@ -156,13 +169,13 @@ class WorkerBatches:
         self.global_steps = -(-num_samples // batch_size)  # batches in one pass over the data
         self.batches = Batches(num_samples, batch_size, rank=rank, workers=workers, seed=seed,
                                synchronous=not servers)
-        self.shared = None
+        self.shared: Optional["SharedCursorBatches"] = None
         if fetch_add is not None:
             from .sampling import SharedCursorBatches
 
             self.shared = SharedCursorBatches(num_samples, seed=seed, fetch_add=fetch_add)
-        self.drawn = None
-        self.last_epoch = None
+        self.drawn: Optional[Tuple[int, List[int]]] = None
+        self.last_epoch: Optional[int] = None
 
     def next(self, epoch: int) -> Optional[List[int]]:
         """The sample indices of this worker's next batch of ``epoch``, or None when it is over."""

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class RunQueue:
         return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
 
 
-def compensation_norms(compensation_sq: float, grad_sq: float, pushes: int) -> Dict[str, float]:
+def compensation_norms(compensation_sq: float, grad_sq: float, pushes: float) -> Dict[str, float]:
     """Root-mean-square norms over ``pushes`` pushes of the compensation a server added to each
     gradient (``||compensated step - g||``) and of the gradients, and their ratio."""
     out = {}
@@ -174,7 +174,7 @@ class RunMetrics:
         """Record one epoch; ``timing`` (milliseconds per step, averaged over workers) goes to the
         history and to TensorBoard under ``time/``; ``exchange_wait_ms`` is the time per step spent
         in ``step()`` (averaged over workers), ``worker_*`` the per-worker values."""
-        entry = {"epoch": epoch, "wall_seconds": round(self.elapsed(), 4),
+        entry: Dict[str, Any] = {"epoch": epoch, "wall_seconds": round(self.elapsed(), 4),
                  "test_accuracy": test_accuracy, "train_loss": train_loss, "exchange_wait_ms": exchange_wait_ms}
         entry.update(timing or {})
         if worker_losses:

@@ -5,6 +5,7 @@ import os
 import sys
 import warnings
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -34,7 +35,7 @@ def _supported(strategy_cls) -> set:
 
 def _where_supported() -> Dict[str, List[str]]:
     """Each Horovod option -> the algorithms that give it a meaning (for the error messages)."""
-    table = {name: [] for name in _HOROVOD_FIELDS}
+    table: Dict[str, List[str]] = {name: [] for name in _HOROVOD_FIELDS}
     for algorithm in registry.names():
         for name in _supported(registry.strategy_class(algorithm)) & set(table):
             table[name].append(algorithm)
@@ -51,7 +52,7 @@ STEP_AFTER_SYNCHRONIZE = ("optimizer.step() called without optimizer.skip_synchr
 def _called_by_horovod_state_broadcast() -> bool:
     """Whether ``horovod.torch.broadcast_optimizer_state`` is calling ``step()`` right now to create
     a new optimizer's state (it sets zero gradients first; every worker calls it, a local step)."""
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     for _ in range(3):
         if frame is None:
             return False
@@ -69,7 +70,7 @@ def _stepped_on_the_servers(optimizer: torch.optim.Optimizer) -> None:
     `optimizer.step()`") where that is unset. Where the rule runs on the servers, the wrapped SGD's
     step is theirs (with its param_groups' rate, read at each push) and its ``step`` is never called
     here, so the wrapper's step marks it instead."""
-    optimizer._opt_called = True
+    optimizer._opt_called = True  # type: ignore[attr-defined]  # torch's LR schedulers' flag, not in its stubs
 
 
 def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:

@@ -83,7 +83,7 @@ def _parsed_type(options_cls, field: dataclasses.Field, how: Flag):
     return hint if hint in (int, float, str) else str
 
 
-def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, type], *, suppress_defaults: bool,
+def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, Any], *, suppress_defaults: bool,
               taken: Optional[set] = None) -> None:
     """Add every declared flag of ``strategies`` (algorithm name -> strategy class) to ``parser``, one
     option per flag. Its help names the algorithms that declare it, before each of their help texts
@@ -136,7 +136,8 @@ def add_options(group, options_cls, *, suppress_defaults: bool,
     added = []
     for field, how in declared(options_cls):
         change = (retuned or {}).get(field.name, {})
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        factory = typing.cast(Callable[[], Any], field.default_factory)  # option() gives a default or a factory
+        default = factory() if field.default is dataclasses.MISSING else field.default
         default = change.get("default", default)
         _add_argument(group, how, _parsed_type(options_cls, field, how),
                       default=argparse.SUPPRESS if suppress_defaults else default,
@@ -177,7 +178,7 @@ def from_args(options_cls, args: argparse.Namespace) -> Dict[str, Any]:
     for field, how in declared(options_cls):
         if how.from_job is not None:
             value = getattr(args, how.from_job, None)
-        elif how.flag is not None:
+        elif how.dest is not None:  # (as how.flag is not None)
             value = getattr(args, how.dest, None)
             if how.action in ("store_true", "store_false"):
                 value = (how.action == "store_true") if value else None

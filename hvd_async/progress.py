@@ -19,7 +19,7 @@ Example::
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 MODES = ("auto", "bar", "epochs")  # --progress: auto (a bar on a terminal, else lines), bar, epochs (off)
 LINE_EVERY = 5.0  # seconds between two plain lines
@@ -56,7 +56,7 @@ class EpochProgress:
         self.mode, self.share, self.epochs, self.desc = mode, max(1, int(share)), epochs, desc
         self.stream = sys.stderr if stream is None else stream
         self.every, self.clock = every, clock
-        self.bar = None
+        self.bar: Any = None  # a tqdm bar in mode "bar" (tqdm ships no types)
         if mode == "bar":
             from tqdm import tqdm
 

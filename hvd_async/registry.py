@@ -6,7 +6,10 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Dict, Iterable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple, Type, Union
+
+if TYPE_CHECKING:
+    from .algorithms.base import Strategy
 
 ENTRY_POINTS = "hvd_async.algorithms"  # entry-point group: name = "module:function or Class"
 
@@ -152,6 +155,9 @@ def load_plugins(specs: Iterable[str]) -> None:
                 if module_name in sys.modules:
                     continue
                 loader_spec = importlib.util.spec_from_file_location(module_name, path)
+                if loader_spec is None or loader_spec.loader is None:  # no loader takes the file (not .py)
+                    raise ValueError(f"--plugin {spec}: not a Python file; give a .py file or an importable "
+                                     f"module name")
                 module = importlib.util.module_from_spec(loader_spec)
                 sys.modules[module_name] = module
                 try:
@@ -208,6 +214,6 @@ def repeatable() -> Tuple[str, ...]:
     return tuple(name for name in names() if not (uses_servers(name, {}) or strategy_class(name).peer_windows))
 
 
-def strategies() -> Dict[str, type]:
+def strategies() -> Dict[str, Type["Strategy"]]:
     """Every algorithm's strategy class, by name."""
     return {name: strategy_class(name) for name in names()}

@@ -12,9 +12,12 @@ import sys
 import time
 import traceback
 from enum import Enum
-from typing import Any, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Set
 
 from . import failures, logs, server
+
+if TYPE_CHECKING:
+    from .transport.base import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,12 @@ class _Runtime:
         self.role = Role.SERVER if self.world.rank < servers else Role.WORKER
         self.ctrl = self.world.Dup()  # control messages (done, ...) apart from user traffic
         self.win_comm = self.world.Dup()  # parent of each window transport's own communicator
-        self.transports = []  # transports DistributedOptimizers built here and still open: closed at shutdown
+        # transports DistributedOptimizers built here and still open: closed at shutdown
+        self.transports: List["Transport"] = []
         self.group = self.world.Split(color=0 if self.role is Role.WORKER else 1, key=self.world.rank)
         self.exits = self.group.Dup()  # a worker whose process exits tells the others here (departed())
         self.failures = self.world.Dup()  # a rank ending the job on an uncaught error says so here
-        self.departed = set()
+        self.departed: Set[int] = set()
         self.finished = False
         # (collective, once) this rank's CPUs and those of every rank on its node: the torch threads it
         # should run (threads_per_rank), and whether a server's loop gives its core away while it spins
@@ -79,7 +83,7 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
         raise
 
 
-def _init(servers, serve: bool) -> None:
+def _init(servers: int, serve: bool) -> None:
     global _rt
     if isinstance(servers, bool) or not isinstance(servers, numbers.Integral) or servers < 0:
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
@@ -192,7 +196,7 @@ def departure_message(exc) -> Optional[str]:
 
 
 def _abort(code: int, grace: float = ABORT_GRACE_SECONDS) -> None:
-    failures.abort(_rt.world, code, wait=grace)
+    failures.abort(_runtime().world, code, wait=grace)
 
 
 def _runtime() -> _Runtime:

@@ -17,7 +17,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
+
+if TYPE_CHECKING:
+    from .transport.window import ShardHost
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def run(ctrl, workers: List[int], *, poll_interval: float = 0.0005, spin_seconds
     report = ServerReport()
     start = time.perf_counter()
     waiting = set(workers)
-    hosts = []
+    hosts: List["ShardHost"] = []
     status = MPI.Status()
     last_activity = time.perf_counter()
     all_done_at = None  # when the last worker said it was done

@@ -10,6 +10,7 @@ Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
 """
 import os
 import time
+from typing import Optional
 
 from .delays import DelayModel
 from .launcher import LAUNCHED_AT
@@ -47,8 +48,8 @@ class _JobHost(Host):
         self.timeout = job.worker_timeout
         self.pacer = _Pacer(job, rank)
         self.live = list(range(comm.size))  # worker numbers still in the workers' communicator
-        self.watchdog = None
-        self.first_step_at = None
+        self.watchdog: Optional[_Watchdog] = None
+        self.first_step_at: Optional[float] = None
 
     def start(self, loop: WorkerLoop) -> None:
         self.first_step_at = time.time()
@@ -98,7 +99,7 @@ class _JobHost(Host):
         return {**super().finish(loop), "seconds_to_first_step": seconds_since_launch(self.first_step_at)}
 
 
-def seconds_since_launch(at: float):
+def seconds_since_launch(at: Optional[float]):
     """Seconds from the ``hvd-async train`` command's launch of this run of the job (mpirun started,
     ranks not yet) to wall-clock time ``at``, or None outside that launcher. ``hvd-async train`` puts
     the launch time in ``HVD_ASYNC_LAUNCHED_AT`` (time.time(), each restart anew); across hosts it

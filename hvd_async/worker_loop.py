@@ -11,7 +11,7 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 """
 import logging
 import time
-from typing import Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -120,6 +120,8 @@ class WorkerLoop:
             or None.
     """
 
+    stats: Dict[str, Any]  # the last epoch's opt.stats()
+
     def __init__(self, spec, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
                  saver=None, progress=None):
         import torch
@@ -144,13 +146,14 @@ class WorkerLoop:
             self.progress = EpochProgress(progress, share=self.steps_per_epoch, epochs=options.epochs,
                                           desc=f"{spec.algo} x{self.workers}")
         self.acc = Counters()  # this worker's counters (a checkpoint holds them)
-        self.job = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [], "next_checkpoint": None}
+        self.job: Dict[str, Any] = {"epoch": 1, "history": [], "elapsed": 0.0, "staleness_seen": [],
+                                    "next_checkpoint": None}
         self.every, self.unit = parse_every(options.checkpoint_every)
         self.job["next_checkpoint"] = self.every
         if options.resume:
             self._resume()
         self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
-        self.dropped = []  # workers a --worker-timeout dropped
+        self.dropped: List[int] = []  # workers a --worker-timeout dropped
         self.loss_sum = torch.zeros((), device=device)  # (summed where the losses are: no host read a step)
         self.blocked_before = self.opt.stats().get("exchange_wait_seconds")
         self.stats, self.train_loss, self.batch_sizes = {}, None, None  # the last epoch's, for the record

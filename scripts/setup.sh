@@ -10,7 +10,8 @@
 #   PYTHON            the interpreter to build the venv from  (default python3)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's GPU collectives (GPU clusters)
 #   HVD_ASYNC_TEST_TOOLS=1        also what the tests use: a one-node Slurm (slurmctld, slurmd,
-#                                 slurm-client, munge) and shellcheck (make test sets it)
+#                                 slurm-client, munge), shellcheck and scripts/requirements-test.txt
+#                                 (mypy) (make test sets it)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${HVD_ASYNC_CACHE:-${HOME:-/root}/.cache/hvd_async}
@@ -46,6 +47,17 @@ if [[ ! -f $venv/.deps-ok ]]; then
   touch "$venv/.deps-ok"
 fi
 ln -sfn "$venv" "$root/.venv"
+
+# 2b. what only the tests use (scripts/requirements-test.txt), with HVD_ASYNC_TEST_TOOLS=1: into the same
+#     environment, marked by that list's hash, so that a new test tool does not rebuild the environment
+if [[ ${HVD_ASYNC_TEST_TOOLS:-0} == 1 ]]; then
+  tools=$(sha256sum < "$root/scripts/requirements-test.txt" | cut -c1-12)
+  if [[ ! -f $venv/.test-tools-$tools ]]; then
+    log "installing the test tools (scripts/requirements-test.txt)"
+    "$venv/bin/python" -m pip install -q -r "$root/scripts/requirements-test.txt"
+    rm -f "$venv"/.test-tools-*; touch "$venv/.test-tools-$tools"
+  fi
+fi
 
 # 3. Horovod, built once per torch/toolkit and cached as a wheel
 "$root/scripts/build_horovod.sh" "$venv/bin/python" "$cache/wheels"

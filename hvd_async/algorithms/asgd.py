@@ -46,7 +46,7 @@ class ASGD(PSStrategy):
     """
 
     name = "asgd"
-    Options = ASGDOptions
+    Options: type = ASGDOptions  # a subclass declares its own
     mode = "accumulate"
     replayable = True
 

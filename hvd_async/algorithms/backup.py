@@ -121,7 +121,7 @@ class BackupSGD(MailboxStrategy):
             super()._count(answers)
 
     @property
-    def dropped_gradients(self) -> int:
+    def dropped_gradients(self) -> int:  # type: ignore[override]  # read-only by design: nothing sets it
         """This worker's pushes dropped as late (the job counts their samples as not applied)."""
         return self.dropped
 

@@ -37,7 +37,7 @@ class Strategy(abc.ABC):
     """
 
     name: str = "strategy"
-    Options: type = None
+    Options: Optional[type] = None
     # exchanges through one-sided windows among the workers (read by the simulator and by --deterministic)
     peer_windows = False
     # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the

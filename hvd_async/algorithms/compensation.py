@@ -1,6 +1,7 @@
 """What dc-asgd and lc-asgd share: the compensation's option groups (declared once: defaults, flags,
 checks), the servers' push clip, and the size of a compensated step's change (the workers' stats)."""
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -53,14 +54,18 @@ class PushClip:
     DECAY = 0.9
 
     def __init__(self, factor: float):
-        self.factor, self.mean = float(factor), None
+        self.factor = float(factor)
+        self.mean: Optional[float] = None
 
     def scale(self, norm: float) -> float:
         """The factor this push's step is multiplied by (1.0: kept as it is); updates the mean."""
-        bound = None if self.mean is None else self.factor * self.mean
-        clipped = bound is not None and norm > bound
+        if self.mean is None:  # the first push: no bound yet, its norm kept as it is
+            self.mean = norm
+            return 1.0
+        bound = self.factor * self.mean
+        clipped = norm > bound
         kept = bound if clipped else norm
-        self.mean = kept if self.mean is None else self.DECAY * self.mean + (1.0 - self.DECAY) * kept
+        self.mean = self.DECAY * self.mean + (1.0 - self.DECAY) * kept
         return bound / norm if clipped else 1.0
 
 

@@ -79,7 +79,7 @@ class DCASGD(MailboxStrategy):
     """
 
     name = "dc-asgd"
-    Options = DCASGDOptions
+    Options: type = DCASGDOptions  # a subclass declares its own
     compensates = True
     replayable = True  # one push, one update, applied in the order the mailbox takes them
 

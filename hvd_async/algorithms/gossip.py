@@ -119,11 +119,12 @@ class _PullMixer:
     def weight(self) -> float:
         return 1.0
 
-    def state_dict(self) -> Dict:
+    # (_PushSumMixer's window is saved and loaded by these two as well)
+    def state_dict(self: "_PullMixer | _PushSumMixer") -> Dict:
         with self.transport.own() as (x, s):
             return {"window": x.clone(), "window_weight": float(s[0])}
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self: "_PullMixer | _PushSumMixer", state: Dict) -> None:
         with self.transport.own() as (x, s):
             x.copy_(state["window"])
             s[0] = float(state["window_weight"])

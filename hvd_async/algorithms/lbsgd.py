@@ -51,11 +51,11 @@ def share_batch(global_batch: int, speeds: Sequence[float], min_batch: int = 1) 
         >>> share_batch(16, [3.0, 1.0]), share_batch(10, [1.0, 1.0, 1.0]), share_batch(8, [100.0, 1.0])
         ([12, 4], [4, 3, 3], [7, 1])
     """
-    speeds = np.asarray(speeds, dtype=np.float64)
-    if len(speeds) * min_batch > global_batch:
-        raise ValueError(f"a global batch of {global_batch} cannot give {len(speeds)} workers {min_batch} "
+    rates = np.asarray(speeds, dtype=np.float64)
+    if len(rates) * min_batch > global_batch:
+        raise ValueError(f"a global batch of {global_batch} cannot give {len(rates)} workers {min_batch} "
                          f"samples each")
-    quota = global_batch * speeds / speeds.sum()
+    quota = global_batch * rates / rates.sum()
     sizes = np.floor(quota).astype(np.int64)
     order = np.argsort(-(quota - sizes), kind="stable")
     sizes[order[:global_batch - int(sizes.sum())]] += 1
@@ -135,7 +135,7 @@ class LBSGD(SSGD):
         return self._cursor.sizes[self.transport.rank]
 
     @property
-    def grad_weight(self) -> float:
+    def grad_weight(self) -> float:  # type: ignore[override]  # read-only by design: from the sizes; nothing sets it
         return self.batch_size * self.workers / self.global_batch
 
     def batch_cursor(self):

@@ -20,8 +20,8 @@ class Lookahead:
     """
 
     def __init__(self, like: torch.Tensor, shared: bool = False):
-        self.total = None if shared else torch.zeros_like(like)
-        self.wide = None  # fp32 scratch for answers into fp16 slots (made at the first)
+        self.total: Optional[torch.Tensor] = None if shared else torch.zeros_like(like)
+        self.wide: Optional[torch.Tensor] = None  # fp32 scratch for answers into fp16 slots (made at the first)
 
     @staticmethod
     def shared_step(lr: float, momentum: float, pushes: int) -> float:
@@ -49,6 +49,7 @@ class Lookahead:
 
     def rebuild(self, states) -> None:
         """From every worker's buffer (after a checkpoint load)."""
+        assert self.total is not None  # per-worker buffers only (a shared one has no sum)
         self.total.zero_()
         for state in states:
             self.add(state)
@@ -59,6 +60,7 @@ class Lookahead:
         if total is None:
             self.rebuild(states)
         else:
+            assert self.total is not None  # (as in rebuild)
             self.total.copy_(total)
 
     def answer(self, out: torch.Tensor, weights: torch.Tensor, step: float, total=None, wide=None) -> None:

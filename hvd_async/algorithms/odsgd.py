@@ -44,7 +44,7 @@ Non-finite gradients are not exchanged (window: that worker sends none this iter
 gradient joins the pending global step; allreduce: it contributes zeros and is not counted in the
 mean) and skip the local step; ``stats()["skipped_nonfinite"]`` counts them.
 """
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
@@ -108,7 +108,7 @@ class _ServerExchange:
         self.send = torch.empty_like(model.grad)  # the thread reads and writes only these two
         self.recv = torch.empty_like(model.grad)
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="od-sgd-exchange")
-        self.future = None
+        self.future: Optional[Future] = None
         self.pushes = 0
         self.model = model
 
@@ -166,8 +166,10 @@ class _AllreduceExchange:
     def __init__(self, transport, model: FlatModel):
         self.transport, self.global_w = transport, torch.empty_like(model.flat)
         self.buffer = torch.zeros(model.numel + 1)  # the gradient, then 1 if it counts
-        self.sgd, self.sgd_state = SGDRule(), {}
-        self.handle, self.hyper = None, None
+        self.sgd = SGDRule()
+        self.sgd_state: Dict[str, Any] = {}
+        self.handle = None
+        self.hyper: Optional[SGDPayload] = None  # set with the handle
         self.model = model
 
     def begin(self) -> None:
@@ -190,6 +192,7 @@ class _AllreduceExchange:
         if count == 0:  # every worker's gradient was non-finite: no global step
             return
         mean = total[:-1].div_(count)
+        assert self.hyper is not None  # start() set it with the handle
         self.sgd.apply_(self.global_w, mean, self.sgd_state, **self.hyper.sgd_kwargs())
 
     def state_dict(self) -> Dict:

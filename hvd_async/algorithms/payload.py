@@ -2,11 +2,14 @@
 are encoded in declaration order into the request's float slots (the window transport moves the
 floats and knows no field). Adding a field is one line in the payload that needs it."""
 import dataclasses
-from typing import Any, Dict, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Sequence, Union
 
 import torch
 
 from ..transport import window
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Payload:
         return {slot: float(getattr(self, field.name)) for slot, field in enumerate(fields)}
 
     @classmethod
-    def decode(cls, slots: Sequence[float]) -> "Payload":
+    def decode(cls, slots: Union[Sequence[float], "np.ndarray"]) -> "Payload":
         """The payload a request's float slots hold (``Request.payload``)."""
         return cls(**{field.name: _typed(field, slots[slot]) for slot, field in enumerate(dataclasses.fields(cls))})
 

@@ -1,7 +1,7 @@
 """softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..checkpoint import tensors_copy
 from ..checks import is_int_at_least, user_stacklevel
@@ -153,6 +153,7 @@ class SoftSyncProgram(MailboxProgram):
         staleness = self.staleness(worker)
         factor, first = self.mean.count_(staleness)
         weights, mean = self.host.weights, self.mean.total
+        kwargs: Any  # the SGD keywords, set with buffer (fold reads them where buffer is set)
         buffer, kwargs, total = None, None, None
         if self.momentum is not None:  # the worker's direction (its buffer; the look-ahead's sum follows it)
             kwargs, buffer = payload.sgd_kwargs(), self.momentum[worker]

@@ -269,11 +269,11 @@ class SSGD(Strategy):
             self._undo.undo(opt, self._undo_plan, found)
             self._undo_plan = None
         else:
-            opt.found_inf, opt.grad_scale = found, None
+            opt.found_inf, opt.grad_scale = found, None  # type: ignore[attr-defined]  # dynamic; torch's step reads
             try:
                 result = opt.step()
             finally:
-                del opt.found_inf, opt.grad_scale
+                del opt.found_inf, opt.grad_scale  # type: ignore[attr-defined]  # dynamic, as above
         if self._skipped_on_device is None:
             self._skipped_on_device = found
         else:

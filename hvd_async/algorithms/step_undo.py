@@ -14,7 +14,7 @@ parameter whose state the step creates or replaces) it says so: ``plan()`` retur
 (the caller reads the flag on the host instead, and runs no device check), or ``undo()`` reads the
 flag once after it.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -26,7 +26,8 @@ class Plan:
     integer view dtype, 1 - flag and the copies times the flag."""
 
     def __init__(self, entries: Dict[torch.Tensor, dict]):
-        self.entries, self.kept = entries, {}
+        self.entries = entries
+        self.kept: Dict[torch.dtype, Tuple[torch.Tensor, Union[Tuple[torch.Tensor, ...], List[torch.Tensor]]]] = {}
 
 
 class StepUndo:

@@ -27,7 +27,7 @@ class Rule(abc.ABC):
 
     name: str = "rule"
 
-    def init(self, weights: torch.Tensor) -> Dict[str, Any]:
+    def init(self, weights: torch.Tensor) -> Any:  # a dict here; a rule's own state class (DCState)
         """The rule's state for these weights (empty by default)."""
         return {}
 
@@ -96,13 +96,15 @@ class Blocks:
         lanes = max(1, min(threads, len(self.slices)))
         self.scratch = [Scratch() for _ in range(lanes)]
         per_lane = -(-len(self.slices) // lanes)
-        self._runs = [range(k * per_lane, min((k + 1) * per_lane, len(self.slices))) for k in range(lanes)]
+        self._runs: Optional[List[range]] = [range(k * per_lane, min((k + 1) * per_lane, len(self.slices)))
+                                              for k in range(lanes)]  # None once closed
         self._pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="hvd-async-blocks") if lanes > 1 else None
 
     def run(self, chain: Callable[[slice, Scratch], Optional[float]]) -> float:
         """``chain(slice, scratch)`` for every slice of the shard; returns the sum, in slice order, of what
         it returned (None counts 0: a chain that reduces nothing), the same for any number of lanes."""
-        if self._runs is None:
+        runs = self._runs
+        if runs is None:
             raise RuntimeError("Blocks.run() after close(): the program that owns it was closed")
         if self._pool is None:
             scratch = self.scratch[0]
@@ -110,10 +112,10 @@ class Blocks:
         parts = [0.0] * len(self.slices)
 
         def lane(k: int) -> None:
-            for i in self._runs[k]:
+            for i in runs[k]:
                 parts[i] = chain(self.slices[i], self.scratch[k]) or 0.0
 
-        pending = [self._pool.submit(lane, k) for k in range(1, len(self._runs))]
+        pending = [self._pool.submit(lane, k) for k in range(1, len(runs))]
         try:
             lane(0)
         finally:  # no lane still writes once this returns or raises

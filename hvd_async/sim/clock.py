@@ -25,7 +25,7 @@ Example::
     [(0, 1.0), (0, 2.0), (1, 2.0), (1, 4.0)]
 """
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 
 _current = threading.local()  # in a simulated worker's thread: .sched and .worker
@@ -117,6 +117,7 @@ class Scheduler:
         for t in threads:
             t.start()
         first = self._pick()
+        assert first is not None  # at least one worker, none waiting or finished yet
         self._go[first].release()
         for t in threads:
             t.join()
@@ -170,7 +171,7 @@ class Scheduler:
             return
         self._go[nxt].release()
 
-    def _deadlock(self) -> None:
+    def _deadlock(self) -> NoReturn:
         waits = ", ".join(f"worker {w} waits for {what}" for w, (_, what) in sorted(self._waiting.items()))
         raise SimulationError(f"simulated job deadlocked: {waits}")
 

@@ -87,6 +87,7 @@ class Cluster:
 
     def _check_replay(self) -> None:
         trace, algo = self.replay, self.spec.algo
+        assert trace is not None  # called once the trace is read
         if trace.workers != self.sim.workers:
             raise ValueError(f"the recorded run had {trace.workers} workers; use --workers {trace.workers}")
         recorded = trace.events[0][0].get("algorithm")
@@ -99,6 +100,7 @@ class Cluster:
         if self.replay is None:
             return None
         scripts = self.scripts
+        assert scripts is not None  # made with the replay
         for s in scripts:
             if not s.done:
                 raise RuntimeError(f"replay diverged: worker {s.rank} stopped after {s.position} of its "

@@ -142,7 +142,7 @@ class SimWin:
         return comm.world.allocate(comm, int(size), int(disp_unit))
 
     def tomemory(self) -> memoryview:
-        return memoryview(self.memory[self.comm.rank])
+        return memoryview(self.memory[self.comm.rank])  # type: ignore[arg-type]  # numpy's stubs: a Buffer on 3.12+
 
     def Get_attr(self, key):  # noqa: N802 - the memory model: one copy of the memory
         return WIN_UNIFIED

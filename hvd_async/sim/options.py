@@ -9,7 +9,7 @@ with ``world_size = workers + servers`` and then by :func:`check`, which returns
 import argparse
 import dataclasses
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import config, options, registry
 from ..options import option
@@ -67,7 +67,7 @@ class SimOptions:
 
 
 def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    retuned = {
+    retuned: Dict[str, Dict[str, Any]] = {
         "np": {"help": "ignored by the simulator unless given: then it must equal --workers plus --servers"},
         "compute_ms": {"default": DEFAULT_COMPUTE_MS,
                        "help": "mean simulated device time per step of a nominal batch (virtual ms; > 0)"},

@@ -141,7 +141,9 @@ class SimServers:
 
     def handle(self, source: int, shard: int, tag: int) -> None:
         if self.scripts is not None and shard == 0 and tag == window.TAG_REQUEST:
-            header = self.world.peek(self.hosts[0].comm, source, tag).payload
+            message = self.world.peek(self.hosts[0].comm, source, tag)
+            assert message is not None  # handle() is called for a message that has arrived
+            header = message.payload
             if window.Kind(int(header[window.H_KIND])) is window.Kind.PUSH:
                 self.turn(source - self.spec.servers)
         host = self.hosts[shard]
@@ -160,6 +162,7 @@ class SimServers:
 
     def turn(self, worker: int) -> None:
         """Replay: ``worker``'s next push waits for the place its recorded one took."""
+        assert self.scripts is not None  # called in a replay only (by handle and the replay's hook)
         turn = self.scripts[worker].next("push")["version"][0]
         hosts = self.hosts
         self.world.net.sched.wait_until(worker, lambda: hosts[0].version == turn,

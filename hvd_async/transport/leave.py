@@ -30,7 +30,7 @@ interleaving of 2 and 3 workers.
 """
 import os
 import time
-from typing import List, NamedTuple
+from typing import Any, Dict, List, NamedTuple
 
 import numpy as np
 
@@ -51,8 +51,8 @@ class PeerLeftError(RuntimeError):
 class Collective(NamedTuple):
     """A collective this worker has entered: its number among the transport's collectives, the
     barrier's request, and what it is (for messages)."""
-    index: int
-    request: object
+    index: int  # type: ignore[assignment]  # (a field may shadow tuple's index(); mypy assumes the method)
+    request: Any  # mpi4py's request, or the simulator's
     what: str
 
 
@@ -78,7 +78,7 @@ class LeaveWatch:
         self.what = what
         self.rank, self.size = self.comm.rank, self.comm.size
         self.count = 0  # collectives this worker has entered
-        self.left = {}  # worker rank -> how many collectives it had entered when it closed
+        self.left: Dict[int, int] = {}  # worker rank -> how many collectives it had entered when it closed
         self.ignored: set = set()  # workers the others went on without (--worker-timeout)
         self._notices: List = []
         self._inbox = np.zeros(1, dtype=np.int64)

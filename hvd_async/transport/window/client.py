@@ -327,6 +327,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
             slots = self._claim.claim(range(self.servers))
             self.slot_waits += self._claim.waited
         if kind is Kind.PUSH:
+            assert grad is not None  # (a push carries its gradient)
             if self._wire is not None:
                 grad = self._wire[0].copy_(grad)
             for k, part, (_, count, F) in self._slices(grad):

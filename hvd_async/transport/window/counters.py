@@ -2,11 +2,14 @@
 version, pushes, staleness histogram and the sums its server program keeps (``read_stats``), and on
 shard 0 the job's shared counter and per-worker table. What the sums, the counter and the table mean
 is the algorithm's business (e.g. dbs-asgd's batch cursor and speed table), not the transport's. A base of :class:`~hvd_async.transport.window.client.WindowTransport`."""
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 import numpy as np
 
 from .layout import HIST_BINS, HIST_EVERY, META_COUNTER, META_HIST, META_TABLE, META_VERSION, stats_row
+
+if TYPE_CHECKING:
+    from .layout import WindowSpec, _Windows
 
 
 class MetaAccess:
@@ -14,6 +17,24 @@ class MetaAccess:
     transport provides ``_win``, ``_MPI``, ``_one_t``, ``_rank``, ``size``, ``servers``, ``spec``,
     ``_check_idle``, ``_no_int64``, ``_trace`` and the push bookkeeping (``_versions``,
     ``latest_versions``, ``_fetch_bufs``, ``_fetched``, ``_hist_due``, ``_hist_pushes``)."""
+
+    # the host's (the WindowTransport's) attributes this mixin reads
+    _win: "_Windows"
+    _MPI: Any  # mpi4py's MPI, or the simulator's
+    _one_t: List[Any]
+    _rank: int
+    size: int
+    servers: int
+    spec: "WindowSpec"
+    _check_idle: Callable[[], None]
+    _no_int64: List[Any]
+    _trace: Any  # the opt-in record of pushes and pulls, or None
+    _versions: np.ndarray
+    latest_versions: np.ndarray
+    _fetch_bufs: List[List[Any]]
+    _fetched: np.ndarray
+    _hist_due: np.ndarray
+    _hist_pushes: int
 
     # --- versions and staleness, at every accumulate-mode push ----------------------------------
     def _bump_versions(self) -> None:

@@ -5,7 +5,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -93,6 +93,8 @@ class ShardHost:
 
     # what the server's busy time (META_BUSY_US) is measured with (the simulator's servers take no time)
     clock = staticmethod(time.perf_counter)
+
+    inbox: Union[List[torch.Tensor], WidenedSlots]  # (mailbox mode) the inbox slots, fp16 ones read widened
 
     def __init__(self, comm, spec: WindowSpec, shard: int, make_program, *, windows=None, threads: int = 1):
         """``windows``: the memory the shard lives in; None opens its MPI windows over ``comm``
@@ -210,7 +212,7 @@ class ShardHost:
             self.sync()
             try:
                 if what == "drop":
-                    reply = self._drop(state)
+                    reply: Tuple[str, Any] = self._drop(state)
                 elif what == "get":
                     reply = self._state_message()
                 elif what == "save":
@@ -230,13 +232,15 @@ class ShardHost:
             self.sync()
             request = Request.decode(self._header, self.shard, worker)
             if request.kind is Kind.CLAIM:  # the pool's own requests: the program never sees them
+                assert self.pool is not None  # (only a pool's workers claim and release)
                 self.pool.claim(worker)
             elif request.kind is Kind.RELEASE:
-                self.pool.release(request.slot)
+                assert self.pool is not None
+                self.pool.release(cast(int, request.slot))  # (a decoded request has its slot)
             else:
                 self.program.on_request(worker, request)
                 if self.pool is not None and request.kind is Kind.PUSH:  # the gradient is taken
-                    self.pool.release(request.slot)
+                    self.pool.release(cast(int, request.slot))
             self.meta[META_BUSY_US] += int(1e6 * (self.clock() - start))
         else:
             raise RuntimeError(f"server {self.shard}: unexpected message tag {tag} from rank {source}")
@@ -274,6 +278,7 @@ class ShardHost:
                  "weights": self.weights, "meta": torch.from_numpy(self.meta.copy()),
                  "skipped_nonfinite": self.skipped_nonfinite}
         if self.spec.mode == "mailbox" and self.spec.outbox:
+            assert self.outbox is not None  # (the windows have an outbox)
             state["outbox"] = list(self.outbox)
         state["program"] = self.program.state_dict()
         return checkpoint.tensors_copy(state) if copy else state
@@ -296,7 +301,7 @@ class ShardHost:
         checkpoint.save(path, self.state_dict(copy=False), kind=SHARD_KIND)
         return ("ok", {"shard_file": os.path.basename(path), "bytes": os.path.getsize(path)})
 
-    def _load_checked(self, state: Dict[str, Any]) -> Optional[str]:
+    def _load_checked(self, state: Dict[str, Any]) -> Tuple[str, Optional[str]]:
         """Load ``state``; returns ("ok", None), or ("error", why it does not fit this shard)."""
         for key, want in (("algorithm", self.spec.algorithm), ("shard", self.shard),
                           ("workers", self.spec.workers)):
@@ -312,6 +317,7 @@ class ShardHost:
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self._seen_version = self.version
         if self.spec.mode == "mailbox" and self.spec.outbox and "outbox" in state:
+            assert self.outbox is not None  # (the windows have an outbox)
             for slot, saved in zip(self.outbox, state["outbox"]):
                 slot.copy_(saved)
         self.program.load_state_dict(state["program"])

@@ -3,19 +3,30 @@ whole state for a checkpoint and its restoration, and telling the servers to go 
 that stopped (this worker's own counters are :class:`~.worker_side.WorkerSide`'s). A base of
 :class:`~hvd_async.transport.window.client.WindowTransport`."""
 import os
-from typing import Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from .layout import TAG_STATE, TAG_STATE_REPLY
+
+if TYPE_CHECKING:
+    from ..leave import LeaveWatch
 
 
 class ServerState:
     """The transport provides ``comm``, ``servers``, ``_check_idle``, ``_send_hist``, ``_watch``, the
     worker communicator and the version and staleness bookkeeping."""
 
+    # the host's (the WindowTransport's) attributes this mixin reads
+    comm: Any  # the communicator with the servers (mpi4py's, or the simulator's)
+    servers: int
+    dropped: List[int]
+    _check_idle: Callable[[], None]
+    _send_hist: Callable[[], None]
+    _watch: "LeaveWatch"
+
     # Where the servers write their shards' state (each its own file, ``shard-<k>.pt``) and read it back,
     # instead of sending it to worker 0; None: sent. Set around a save or load (see
     # DistributedOptimizer.algorithm_state_dict's ``shard_dir``); a folder every server can reach.
-    shard_dir = None
+    shard_dir: Optional[str] = None
 
     def server_state(self) -> List[Dict[str, Any]]:
         """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
@@ -50,6 +61,7 @@ class ServerState:
                              "it with shard_dir, the folder they are in")
         for k, state in enumerate(states):
             if files[k]:
+                assert self.shard_dir is not None  # (files named: the check above ruled out None)
                 self.comm.send(("load", os.path.join(self.shard_dir, state["shard_file"])), dest=k, tag=TAG_STATE)
             else:
                 self.comm.send(("set", state), dest=k, tag=TAG_STATE)

@@ -1,7 +1,7 @@
 """What every worker's side of the parameter servers holds besides its windows: the spec, the shards'
 bounds, the versions read and seen, the staleness counts not yet on the servers, the exchange in
 flight. A base of :class:`~hvd_async.transport.window.client.WindowTransport`."""
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ class WorkerSide(Transport):
     (``server_state``, ``load_server_state``), the shared counter and table (``fetch_add_counter``,
     ``publish_value``, ``read_values``), ``read_stats``, ``allgather_object``, ``barrier`` and ``close``.
     """
+
+    # the transport's (the WindowTransport's) method push() sends with
+    request_async: Callable[..., Pending]
 
     # the windows' free is collective: close() waits for every worker (the exit hook closes others first)
     closes_collectively = True
