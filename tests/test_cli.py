@@ -91,9 +91,11 @@ def test_reference_job_reaches_accuracy_and_writes_metrics_and_tensorboard(tmp_p
 @pytest.mark.parametrize("np", [1, 2])
 def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
     metrics = tmp_path / "m.json"
-    argv = ["train", "--np", str(np), "--epochs", "2", "--metrics-out", str(metrics), "--compute-ms", "5"]
-    if np == 2:
-        argv += ["--straggler", "1=2", "--model", "cnn", "--fp16-allreduce"]
+    argv = ["train", "--np", str(np), "--epochs", "2", "--metrics-out", str(metrics)]
+    if np == 2:  # worker 1's device time 60 ms a step against worker 0's 20 ms
+        argv += ["--compute-ms", "20", "--straggler", "1=3", "--model", "cnn", "--fp16-allreduce"]
+    else:
+        argv += ["--compute-ms", "5"]
     began = time.monotonic()
     result = run(CLI + argv, timeout=300)
     took = time.monotonic() - began
@@ -110,9 +112,10 @@ def test_job_at_other_sizes_and_with_a_straggler(tmp_path, np):
     # start, Horovod's and the data's, within the command's time less the training's
     assert 0 < record["seconds_to_first_step"] < took - record["train_seconds"], (record, took)
     assert 0 < record["train_seconds"] and 0 < record["eval_seconds"] < record["wall_seconds"]
-    if np == 2:  # worker 1 computes at least 5 ms more per step, and ssgd makes worker 0 wait for it
+    if np == 2:  # worker 1 sleeps 40 ms more per step, and ssgd makes worker 0 wait for it: half of that
+        # at least (the other half leaves room for a loaded machine, where both workers also wait for cores)
         waits = record["history"][-1]["worker_exchange_wait_ms"]
-        assert waits[0] - waits[1] > 2.5, waits
+        assert waits[0] - waits[1] > 20, waits
 
 
 def test_yaml_config_drives_the_job(tmp_path):
