@@ -7,6 +7,7 @@ names, is shown as such. ``--check`` exits 1 where a page is not what the record
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -231,7 +232,7 @@ def agreeing(real, simulated) -> dict:
     of the real median at both 4 and 8 workers (the protocol's rule; the extrapolation reports only these)."""
     ok: dict = {}
     for cell, algo, _, _, within in _agreement_rows(real, simulated):
-        kind = cell[len("fmnist-v2-") + 1:]
+        kind = re.sub(r"^fmnist-v2-\d+", "", cell)  # the setting: "", "-steady" or "-transient"
         ok.setdefault(kind, {}).setdefault(algo, []).append(within)
     return {kind: [algo for algo, marks in algos.items() if len(marks) == 2 and all(marks)]
             for kind, algos in ok.items()}

@@ -423,18 +423,26 @@ def readme_steady():
             f"lb-sgd's and of ssgd on the other workers alone (ssgd-loo): {said} ({_records(cells)})")
 
 
+def _v2_page():
+    """scripts/gen_fmnist_doc.py, which names the v2 cells and their records and judges the simulator's
+    agreement (the generated page's rules, read here rather than written again)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import gen_fmnist_doc
+
+    return gen_fmnist_doc
+
+
 def readme_v2_pending():
     """The v2 real cells whose records are not complete yet, by setting name."""
-    pending = []
-    for kind in ("", "steady", "transient"):
-        for workers in (4, 8):
-            name = f"convergence_fmnist_v2_{workers}{'_' + kind if kind else ''}.json"
-            setting = f"fmnist-v2-{workers}{'-' + kind if kind else ''}"
-            if os.path.exists(os.path.join(RESULTS, name)):
-                rows = record(name)["table"][setting]["algorithms"].values()
-                if all(len(row["seeds"]) == 5 for row in rows):
-                    continue
-            pending.append(f"`{setting}`")
+    page, pending = _v2_page(), []
+    for setting in page.V2_CELLS:
+        name = page.v2_record(setting)
+        if os.path.exists(os.path.join(RESULTS, name)):
+            rows = record(name)["table"][setting]["algorithms"].values()
+            if all(len(row["seeds"]) == 5 for row in rows):
+                continue
+        pending.append(f"`{setting}`")
     if pending:
         return f"The second grid's cells still to run: {', '.join(pending)}"
     return "All of the second grid's real cells have run: " + _v2_criterion_a()
@@ -442,10 +450,7 @@ def readme_v2_pending():
 
 def guide_simulator_agreement():
     """Where protocol v2's simulator agreed with the real runs (the generated page's rule)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import gen_fmnist_doc as page
-
+    page = _v2_page()
     real = {cell: record(page.v2_record(cell))["table"][cell] for cell in page.V2_CELLS}
     found = page.agreeing(real, record(page.V2_AGREEMENT)["table"])
     words = "; ".join(f"{', '.join(found.get(kind, [])) or 'no algorithm'} with {name}"
@@ -458,15 +463,13 @@ def guide_simulator_agreement():
 def _v2_criterion_a() -> str:
     """Criterion (a) over the v2 real cells: the (setting, algorithm) pairs that fell short, with their
     mean and the target, or that none did."""
-    short = []
-    for kind in ("", "steady", "transient"):
-        for workers in (4, 8):
-            setting = f"fmnist-v2-{workers}{'-' + kind if kind else ''}"
-            table = record(f"convergence_fmnist_v2_{workers}{'_' + kind if kind else ''}.json")["table"][setting]
-            for algo, row in table["algorithms"].items():
-                if not row["passes"]:
-                    short.append(f"{algo} in `{setting}` ({100 * row['mean_final_test_accuracy']:.2f}% against "
-                                 f"{100 * table['target']:.2f}%)")
+    page, short = _v2_page(), []
+    for setting in page.V2_CELLS:
+        table = record(page.v2_record(setting))["table"][setting]
+        for algo, row in table["algorithms"].items():
+            if not row["passes"]:
+                short.append(f"{algo} in `{setting}` ({100 * row['mean_final_test_accuracy']:.2f}% against "
+                             f"{100 * table['target']:.2f}%)")
     if not short:
         return "every algorithm reached ssgd's mean accuracy less a point (criterion (a)) in every cell"
     return ("every algorithm reached ssgd's mean accuracy less a point (criterion (a)) in every cell but "
