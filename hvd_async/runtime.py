@@ -5,6 +5,7 @@ World ranks ``0 .. servers-1`` are parameter servers, the rest are workers. Laun
 over the workers' communicator only, so server ranks never join an allreduce.
 """
 import atexit
+import io
 import logging
 import os
 import numbers
@@ -83,6 +84,18 @@ def init(servers: int = 0, *, serve: bool = False) -> None:
         raise
 
 
+def _whole_lines(stream: Any) -> None:
+    """Make each line ``stream`` is given one write to its file.
+
+    Unbuffered (``python -u``, ``PYTHONUNBUFFERED``, as ranks are often launched and as ``hvd-async``
+    launches them), ``print`` writes a line's text and its newline separately, and mpirun, forwarding
+    every rank's output, can put another rank's line between the two. Line buffering writes each line
+    whole and still at once; text without a newline waits for the next one or for ``flush()``.
+    """
+    if isinstance(stream, io.TextIOWrapper) and stream.write_through:
+        stream.reconfigure(write_through=False, line_buffering=True)
+
+
 def _init(servers: int, serve: bool) -> None:
     global _rt
     if isinstance(servers, bool) or not isinstance(servers, numbers.Integral) or servers < 0:
@@ -108,6 +121,9 @@ def _init(servers: int, serve: bool) -> None:
             f"servers={servers} leaves no worker: the job has {world} MPI process(es) in all; "
             f"use servers < {world} or launch more processes (mpirun -np, hvd-async train --np)")
     rt = _Runtime(int(servers))
+    if world > 1:
+        _whole_lines(sys.stdout)
+        _whole_lines(sys.stderr)
     logs.configure(rt.role.value, rt.group.rank)
     if rt.role is Role.WORKER:
         import horovod.torch as hvd
