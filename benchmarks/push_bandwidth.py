@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from common import HERE, ROOT, parse_size, spread, write_record
@@ -47,7 +47,11 @@ from hvd_async.algorithms.base import parse_options  # noqa: E402
 from hvd_async.sim.windows import SimShardHost  # noqa: E402
 from hvd_async.transport import window as W  # noqa: E402
 
-PROGRAMS = {"dc-asgd": {}, "lc-asgd": {}, "softsync": {}, "backup-sgd": {}, "od-sgd": {"exchange": "window"}}
+# name[:label] -> options; the eager rows are dc-asgd's and lc-asgd's push as a chain of torch operations,
+# beside the default (auto: one compiled loop from 2**20 elements on, hvd_async/rules/fused.py)
+PROGRAMS = {"dc-asgd": {}, "dc-asgd:eager": {"server_kernel": "eager"}, "lc-asgd": {},
+            "lc-asgd:eager": {"server_kernel": "eager"}, "softsync": {}, "backup-sgd": {},
+            "od-sgd": {"exchange": "window"}}
 WORKERS = 4
 TARGET = 2.0  # time over the memory-bandwidth floor
 ACCUMULATE_TARGETS = {"dc-asgd": 3.0, "lc-asgd": 3.0, "softsync": 2.0, "backup-sgd": 2.0}  # at 64 MiB (issue 58)
@@ -64,11 +68,32 @@ def _bytes(tensors) -> int:
 
 
 class Traffic(TorchDispatchMode):
-    """Bytes read and written by the tensor operations run under it."""
+    """Bytes read and written by the tensor operations run under it. A compiled push (``program.fused``,
+    which cannot run under a dispatch mode) is run outside it and counted by what it declares it moves
+    (:meth:`hvd_async.rules.fused.FusedPush.traffic`: each array it touches once)."""
 
-    def __init__(self):
+    def __init__(self, program=None):
         super().__init__()
         self.read = self.written = 0
+        self.fused = getattr(program, "fused", None)
+
+    def __enter__(self):
+        if self.fused is not None:
+            call = type(self.fused)._call
+
+            def counted(variant, weights, *args):
+                with _disable_current_modes():
+                    found = call(variant, weights, *args)
+                read, written = self.fused.traffic(variant, weights.numel())
+                self.read, self.written = self.read + read, self.written + written
+                return found
+            self.fused._call = counted  # (this instance's, until __exit__)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self.fused is not None:
+            del self.fused._call
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -89,8 +114,9 @@ class Traffic(TorchDispatchMode):
 
 
 def make_program(algo: str, numel: int):
-    cls = registry.strategy_class(algo)
-    options = parse_options(cls.Options, algo, dict(PROGRAMS[algo]))
+    name = algo.split(":")[0]
+    cls = registry.strategy_class(name)
+    options = parse_options(cls.Options, name, dict(PROGRAMS[algo]))
     cls.resolve_options(options, WORKERS)
     host = SimShardHost(cls.window_spec(options, numel, 1, WORKERS), 0, cls.server_program)
     gen = torch.Generator().manual_seed(0)
@@ -146,7 +172,7 @@ def measure(algo: str, numel: int, args, rate: float, accumulate_s: float) -> di
     """One program at one shard size: bytes and passes per push, ms per push, the ratios."""
     program, requests = make_program(algo, numel)
     pushes(program, requests, 2 * WORKERS)  # every buffer made, the first-touch faults paid
-    with Traffic() as traffic:
+    with Traffic(program) as traffic:
         pushes(program, requests, WORKERS)
     moved = (traffic.read + traffic.written) / WORKERS
     times = []
@@ -161,6 +187,8 @@ def measure(algo: str, numel: int, args, rate: float, accumulate_s: float) -> di
             "ms_per_push_spread": spread(1e3 * t for t in times), "floor_ms": round(1e3 * floor, 3),
             "ratio": round(per_push / floor, 2), "meets_target": per_push / floor <= TARGET,
             "ratio_to_accumulate": round(per_push / accumulate_s, 2),
+            "compiled": getattr(program, "fused", None) is not None,
+            "compile_seconds": round(getattr(getattr(program, "fused", None), "compile_seconds", 0.0), 2),
             # the form bench_check compares (higher is better): the Accumulate's time over this program's
             "accumulate_over_push": round(accumulate_s / per_push, 3)}
 

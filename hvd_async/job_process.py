@@ -154,7 +154,8 @@ def main(argv, train_worker) -> int:
                 f"updates from {shard.pushes} pushes, staleness mean {shard.staleness_mean:.2f} "
                 f"(counts {{{hist}}}), {shard.skipped_nonfinite} non-finite pushes skipped, "
                 + (f"{1000.0 * shard.busy_seconds / max(1, shard.pushes):.3f} ms server time per push"
-                   if shard.busy_seconds else "pushes applied by MPI itself (no server time)"))
+                   if shard.busy_seconds else "pushes applied by MPI itself (no server time)")
+                + (f", its push compiled in {shard.compile_seconds:.1f} s" if shard.compile_seconds else ""))
         if report.dropped:
             say(f"server {world.rank}: finished without worker(s) {', '.join(map(str, sorted(report.dropped)))}, "
                 f"which made no progress for {job.worker_timeout:g} s (--worker-timeout)")

@@ -25,22 +25,24 @@ from procs import mpirun, python
 EPOCHS = 2
 
 
-def real_run(tmp_path, *, serial: bool, no_shm: bool, algo: str = "asgd") -> Trace:
+def real_run(tmp_path, *, serial: bool, no_shm: bool, algo: str = "asgd", workers: int = 3,
+             flags=()) -> Trace:
     folder = tmp_path / "real"
-    result = mpirun(4, python("tests/mpi/sim_replay_job.py", str(EPOCHS), *(["serial"] if serial else []), algo),
+    result = mpirun(workers + 1, python("tests/mpi/sim_replay_job.py", str(EPOCHS), *(["serial"] if serial else []),
+                                        algo, *flags),
                     no_shm=no_shm, env={"HVD_ASYNC_WINDOW_TRACE": str(folder)}, timeout=300)
     assert result.returncode == 0, result.out[-4000:]
     assert "REPLAY JOB OK" in result.out, result.out[-4000:]
     return Trace(str(folder))
 
 
-def replay(tmp_path, real: Trace, algo: str = "asgd"):
+def replay(tmp_path, real: Trace, algo: str = "asgd", workers: int = 3, args=()):
     folder = tmp_path / "sim"
-    record = simulate(["--algo", algo, "--workers", "3", "--epochs", str(EPOCHS), "--replay", real.directory,
-                       "--trace-out", str(folder)])
+    record = simulate(["--algo", algo, "--workers", str(workers), "--epochs", str(EPOCHS), "--replay", real.directory,
+                       "--trace-out", str(folder), *args])
     sim = Trace(str(folder))
     assert sim.check_order() == real.check_order() >= EPOCHS * 45
-    for worker in range(3):
+    for worker in range(workers):
         assert sim.pushes(worker) == real.pushes(worker)
         assert [p["version"] for p in sim.pulls(worker)] == [p["version"] for p in real.pulls(worker)]
     return record, sim
@@ -55,6 +57,7 @@ def test_replay_of_a_real_asgd_run_gives_the_same_final_weights(tmp_path, mode):
     for worker in range(3):
         assert [p["digest"] for p in sim.pulls(worker)] == [p["digest"] for p in real.pulls(worker)]
         np.testing.assert_array_equal(sim.final(worker), real.final(worker))
+    return real
     assert record["updates"] >= EPOCHS * 45
 
 
@@ -78,11 +81,31 @@ def test_replay_of_a_free_running_dc_asgd_run_gives_the_same_final_weights(tmp_p
     """dc-asgd's server takes one push at a time through its mailbox and answers with the weights the
     worker goes on from: no read can race a push, so a free-running run replays to the bit (the
     look-ahead and the compensation included), every answer bringing what the real one brought."""
-    real = real_run(tmp_path, serial=False, no_shm=mode == "no-shm", algo="dc-asgd")
-    record, sim = replay(tmp_path, real, algo="dc-asgd")
+    _check_dc_asgd_replay(tmp_path, mode, workers=3)
+
+
+@pytest.mark.parametrize("workers,mode", [(3, "shm"), (2, "no-shm")])
+def test_replay_of_a_dc_asgd_run_with_the_compiled_push(tmp_path, workers, mode):
+    """The servers' compiled push (``server_kernel='compiled'``, hvd_async/rules/fused.py) in a real run
+    under mpirun, replayed by the simulator with the same kernel: the same bits, every answer included
+    (tests/unit/test_compiled_push.py compares the kernel with the eager push, to rounding)."""
+    real = _check_dc_asgd_replay(tmp_path, mode, workers=workers, compiled=True)
+    # and the real servers did run the compiled loop: the eager push, on the same order, ends elsewhere
+    # (in the last bits: the same operations in another order)
+    _, eager = replay(tmp_path / "eager", real, algo="dc-asgd", workers=workers)
+    assert any(not np.array_equal(eager.final(w), real.final(w)) for w in range(workers))
+    np.testing.assert_allclose(eager.final(0), real.final(0), rtol=1e-3, atol=1e-4)
+
+
+def _check_dc_asgd_replay(tmp_path, mode, *, workers, compiled=False) -> Trace:
+    real = real_run(tmp_path, serial=False, no_shm=mode == "no-shm", algo="dc-asgd", workers=workers,
+                    flags=["compiled"] if compiled else [])
+    record, sim = replay(tmp_path, real, algo="dc-asgd", workers=workers,
+                         args=["--server-kernel", "compiled"] if compiled else [])
     counts = record["simulator"]["replay"]
     assert counts["pulls_matched"] == counts["pulls"] > EPOCHS * 45, counts
-    for worker in range(3):
+    for worker in range(workers):
         assert [p["after_push"] for p in real.pulls(worker)].count(True) == len(real.pushes(worker))
         assert [p["digest"] for p in sim.pulls(worker)] == [p["digest"] for p in real.pulls(worker)]
         np.testing.assert_array_equal(sim.final(worker), real.final(worker))
+    return real

@@ -8,7 +8,8 @@ import torch
 from ..checks import is_finite_number
 from ..options import option
 from ..rules.dc import check_compensation
-from .groups import OptionGroup
+from ..rules.fused import COMPILE_MIN, KERNELS
+from .groups import OptionGroup, check_choice
 
 PUSH_CLIP_HELP = ("the servers scale a push down when its gradient's norm (the whole gradient's, every shard "
                   "alike) exceeds this factor times the running mean of the pushes' gradient norms (decay 0.9), "
@@ -29,6 +30,23 @@ class Compensation(OptionGroup):
     def __post_init__(self):
         super().__post_init__()
         check_compensation(self.lam, self.adaptive, self.ms_momentum)
+
+
+SERVER_KERNEL_HELP = ("how the servers apply a push: 'compiled' (one loop over the shard, compiled by torch.compile "
+                      "before the first push, seconds once a process), 'eager' (a chain of torch operations, slice "
+                      f"by slice) or 'auto' (compiled for shards of 2**{COMPILE_MIN.bit_length() - 1} elements or more)")
+
+
+@dataclass
+class ServerKernelOption(OptionGroup):
+    """How the servers run a push (:mod:`hvd_async.rules.fused`)."""
+
+    server_kernel: str = option("auto", SERVER_KERNEL_HELP, flag="--server-kernel", choices=KERNELS)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("server_kernel", self.server_kernel, KERNELS,
+                     "'auto', 'compiled' (one compiled loop a push) or 'eager' (torch operations)")
 
 
 @dataclass

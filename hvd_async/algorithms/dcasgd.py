@@ -2,6 +2,7 @@
 ``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker, and answer with the
 look-ahead weights (``lookahead``)."""
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -10,11 +11,14 @@ import torch
 from ..checkpoint import tensors_copy
 from ..options import option
 from ..rules import DCRule
+from ..rules.fused import FusedPush, Variant
 from ..transport import window
-from .compensation import Compensation, PushClip, PushClipOption
+from .compensation import Compensation, PushClip, PushClipOption, ServerKernelOption
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
+
+logger = logging.getLogger(__name__)
 
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
@@ -35,10 +39,10 @@ class CompensateOption(OptionGroup):
 
 
 @dataclass
-class DCASGDOptions(ServerMomentum, PushClipOption, CompensateOption, LookaheadOption, PushRate, InboxSlots,
+class DCASGDOptions(ServerKernelOption, ServerMomentum, PushClipOption, CompensateOption, LookaheadOption, PushRate, InboxSlots,
                     Compression, Compensation):
     """dc-asgd's options: the compensation, compression, push rate, look-ahead, compensate, push clip,
-    the servers' momentum."""
+    the servers' momentum, the servers' kernel."""
 
 
 
@@ -122,6 +126,11 @@ class DCProgram(MailboxProgram):
         shared = options.shared_momentum  # one buffer (MailboxProgram.sgd_state) for every push
         self.momentum = None if shared else [{} for _ in range(self.host.spec.workers)]  # as asgd's workers
         self.lookahead = Lookahead(self.host.weights, shared=shared) if options.lookahead else None
+        self.fused: Optional[FusedPush] = None  # the push as one compiled loop (rules/fused.py), where chosen
+        if FusedPush.wanted(options.server_kernel, host.weights.numel()):
+            self.fused = FusedPush(f"server {host.shard}")
+            # before the first push: the variant of a push with momentum, compensated, looked ahead if chosen
+            self.warm_up(self.variant(True, {"momentum": 0.9}, 1.0, 1.0 if self.lookahead else 0.0))
 
     def compensated(self, worker, grad, payload) -> torch.Tensor:
         """The rule's compensated step; under ``compensate='uncovered'`` only for a push applied later
@@ -201,6 +210,41 @@ class DCProgram(MailboxProgram):
             self.lookahead.restore(state.get("lookahead_total"), self.momentum)
         self.state.load(tensors_copy(state["rule"]))
 
+    @property
+    def compile_seconds(self) -> float:
+        return 0.0 if self.fused is None else self.fused.compile_seconds
+
+    def warm_up(self, variant: Variant) -> None:
+        """Compile the fused push's ``variant`` now; where torch cannot compile (no C++ compiler, an
+        unsupported platform), say so once and keep the eager push."""
+        assert self.fused is not None
+        try:
+            self.fused.warm_up(variant)
+        except Exception as exc:  # (inductor's errors have no common base class)
+            logger.warning("server %d: the compiled push is unavailable here (%s: %s); pushes take the eager "
+                           "chain (--server-kernel eager says so up front)", self.host.shard, type(exc).__name__,
+                           str(exc).splitlines()[0] if str(exc) else "")
+            self.fused = None
+
+    def variant(self, active: bool, kwargs, r: float, step: float) -> Variant:
+        """The fused push's variant for a push with these settings (its look-ahead ``step``)."""
+        dc = self.rule.compensation
+        if self.host.outbox is None:
+            answer = "none"
+        elif not step:
+            answer = "weights"
+        else:
+            answer = "ahead" if self.momentum is not None else "ahead_buffer"
+        return Variant(adaptive=dc.adaptive, compensated=bool(active and dc.lam), momentum=bool(kwargs["momentum"]),
+                       total=self.lookahead is not None and self.momentum is not None and bool(kwargs["momentum"]),
+                       answer=answer, scaled=r != 1.0)
+
+    def fusable(self, grad, kwargs) -> bool:
+        """Whether the fused push covers this one: fp32 arrays throughout, no Nesterov momentum."""
+        outbox = self.host.outbox
+        return (self.fused is not None and not kwargs.get("nesterov", False) and grad.dtype == torch.float32
+                and self.host.weights.dtype == torch.float32 and (outbox is None or outbox[0].dtype == torch.float32))
+
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         """The push in one sweep over the shard after the finite check, slice by slice
         (:class:`~hvd_async.rules.Blocks`): the term (:meth:`DCRule.term_of`), the gradient and the
@@ -234,7 +278,19 @@ class DCProgram(MailboxProgram):
             self.answer_slice(worker, sl, scratch, step, ahead_total)
             return size
 
-        compensation_sq = self.blocks.run(chain)
+        variant = self.variant(active, kwargs, r, step) if self.fusable(grad, kwargs) else None
+        if variant is not None:
+            self.warm_up(variant)  # (at once where warm_up compiled it before the first push)
+        if variant is not None and self.fused is not None:
+            dc = self.rule.compensation
+            numbers = (dc.lam, dc.ms_momentum, dc.eps, scale, kwargs["momentum"], kwargs["weight_decay"],
+                       kwargs["lr"], step, r)
+            compensation_sq = self.fused(variant, weights, grad, None if self.host.outbox is None else
+                                         self.host.outbox[worker], mean_square,
+                                         buffer.get("momentum_buffer"),
+                                         total if variant.total else None, numbers)
+        else:
+            compensation_sq = self.blocks.run(chain)
         self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
         self.host.bump([staleness])
         self.snapshot(worker, copy=False)

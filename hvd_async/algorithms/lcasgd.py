@@ -9,7 +9,7 @@ import torch
 from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
-from .compensation import Compensation, PushClipOption, change_sq
+from .compensation import Compensation, PushClipOption, ServerKernelOption, change_sq
 from .dcasgd import DCASGD, DCPayload, DCProgram
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum
 
@@ -31,10 +31,10 @@ class LossPredictionOptions(OptionGroup):
 
 
 @dataclass
-class LCASGDOptions(ServerMomentum, PushClipOption, LookaheadOption, PushRate, InboxSlots, Compression,
+class LCASGDOptions(ServerKernelOption, ServerMomentum, PushClipOption, LookaheadOption, PushRate, InboxSlots, Compression,
                     LossPredictionOptions, Compensation):
     """lc-asgd's options: dc-asgd's compensation, the loss prediction, compression, push rate,
-    look-ahead, push clip and the servers' momentum."""
+    look-ahead, push clip, the servers' momentum and kernel."""
 
     def __post_init__(self):
         super().__post_init__()

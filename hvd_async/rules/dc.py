@@ -63,6 +63,11 @@ class DCRule(Rule):
         self.lam, self.adaptive, self.ms_momentum, self.eps = float(lam), bool(adaptive), ms_momentum, eps
         self._sgd = SGDRule()
 
+    @property
+    def compensation(self) -> "DCRule":
+        """The rule whose term is added (this one; :class:`LCRule` has one inside)."""
+        return self
+
     def init(self, weights: torch.Tensor) -> "DCState":
         return DCState(mean_square=torch.zeros_like(weights) if self.adaptive else None)
 

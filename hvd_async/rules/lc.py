@@ -121,6 +121,11 @@ class LCRule(Rule):
     def lam(self) -> float:
         return self._dc.lam
 
+    @property
+    def compensation(self) -> DCRule:
+        """The DC rule whose term this rule adds (its ``lam``, ``adaptive``, ``ms_momentum``, ``eps``)."""
+        return self._dc
+
     def new_predictor(self) -> LossPredictor:
         """A fresh predictor with this rule's options (one per worker)."""
         return make_predictor(self.predictor, floor=self.floor, min_history=self.min_history,

@@ -7,6 +7,9 @@ defaults (seed 0, batch 32, SGD lr 0.1 momentum 0.9, each worker's own random pa
 ``jobstate.Batches``, an epoch ends for a worker once the pushes it has seen reach ``epoch x`` 45)
 and records every worker's pushes and pulls in DIR. Worker 0 prints ``REPLAY JOB OK`` at the end.
 
+``compiled``: the servers apply dc-asgd's and lc-asgd's pushes with the compiled loop
+(``server_kernel='compiled'``; the digits model's shard is below the size ``auto`` compiles from).
+
 ``serial``: each ``opt.step()`` (push, then pull) holds a mutex over the workers (``mpi4py.util.sync``),
 so no exchange overlaps another and every pull reads exactly the version it records; which worker
 goes next is still up to real timing. Without it, exchanges race as they do in any real run.
@@ -23,7 +26,7 @@ from hvd_async import data, models
 from hvd_async.jobstate import Batches
 
 
-def main(epochs: int, serial: bool, algorithm: str) -> None:
+def main(epochs: int, serial: bool, algorithm: str, compiled: bool = False) -> None:
     ha.init(servers=1)
     if ha.is_server():
         ha.serve()
@@ -34,7 +37,8 @@ def main(epochs: int, serial: bool, algorithm: str) -> None:
     torch.manual_seed(0)
     model = models.build_model("mlp", splits.input_shape, splits.num_classes)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters(), algorithm=algorithm)
+                                  named_parameters=model.named_parameters(), algorithm=algorithm,
+                                  **({"server_kernel": "compiled"} if compiled else {}))
     opt.begin()  # collective: before any step takes the mutex below
     batches = Batches(len(splits.train), 32, rank=rank, workers=workers, seed=0, synchronous=False)
     per_epoch = -(-len(splits.train) // 32)
@@ -63,4 +67,5 @@ def main(epochs: int, serial: bool, algorithm: str) -> None:
 
 if __name__ == "__main__":
     flags = sys.argv[2:]
-    main(int(sys.argv[1]), "serial" in flags, next((f for f in flags if f != "serial"), "asgd"))
+    main(int(sys.argv[1]), "serial" in flags, next((f for f in flags if f not in ("serial", "compiled")), "asgd"),
+         "compiled" in flags)

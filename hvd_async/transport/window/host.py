@@ -51,6 +51,11 @@ class ServerProgram:
     def __init__(self, host):
         self.host = host
 
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling the program's push (dc-asgd's and lc-asgd's compiled loop; 0: none)."""
+        return 0.0
+
     def on_request(self, worker: int, request: Request) -> None:
         """One request (its ``kind``, the ``payload`` the strategy wrote, a push's inbox ``slot``); the
         program answers with ``host.answer`` where the kind is answered. A push's inbox slot is free for
@@ -329,7 +334,8 @@ class ShardHost:
         self.sync()
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            pushes_in(self.meta, self.spec.mode), self.skipped_nonfinite,
-                           self.meta[META_HIST:META_SUMS].tolist(), int(self.meta[META_BUSY_US]) / 1e6)
+                           self.meta[META_HIST:META_SUMS].tolist(), int(self.meta[META_BUSY_US]) / 1e6,
+                           self.program.compile_seconds)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         if not self.dropped:

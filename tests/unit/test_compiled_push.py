@@ -1,0 +1,65 @@
+"""dc-asgd's and lc-asgd's push as one compiled loop (``--server-kernel compiled``,
+hvd_async/rules/fused.py) equals the eager push to fp32 rounding: two copies of each program get the
+same pushes, one compiled, one eager, for every dc-asgd and lc-asgd case of test_fused_rules.py
+(adaptive or constant lam, look-ahead, per-worker and shared momentum, weight decay, the push clip,
+'uncovered' compensation, lc-asgd's ratio r); every buffer is compared after every push, to a few units
+of fp32's last place of its largest element (the same operations, in another order within an element). The cases
+the compiled loop does not cover (Nesterov, fp16 slots) take the eager chain, and are checked to."""
+import numpy as np
+import pytest
+import torch
+from test_blocked_push import _pushes
+from test_fused_rules import CASES, NUMEL, WORKERS, _buffers, _push
+
+from hvd_async import registry
+from hvd_async.algorithms.compensation import ServerKernelOption
+from hvd_async.rules import fused
+from hvd_async.sim.windows import SimShardHost
+from hvd_async.transport import window as W
+
+COMPENSATED = [case for case in CASES if case[0] in ("dc-asgd", "lc-asgd")]
+IDS = [f"{a}-{'-'.join(f'{k}={v}' for k, v in g.items()) or 'defaults'}-{s}" for a, g, s in COMPENSATED]
+
+
+def _host(algo, given, kernel):
+    cls = registry.strategy_class(algo)
+    options = cls.Options(**given, server_kernel=kernel)
+    cls.resolve_options(options, WORKERS)
+    host = SimShardHost(cls.window_spec(options, NUMEL, 1, WORKERS), 0, cls.server_program)
+    host.weights.copy_(torch.randn(NUMEL, generator=torch.Generator().manual_seed(3)))
+    return host
+
+
+@pytest.mark.parametrize("algo,given,sgd", COMPENSATED, ids=IDS)
+def test_the_compiled_push_equals_the_eager_one(algo, given, sgd):
+    eager, compiled = _host(algo, given, "eager"), _host(algo, given, "compiled")
+    assert eager.program.fused is None and compiled.program.fused is not None
+    fusable = 0
+    try:
+        for turn, (worker, grad, payload) in enumerate(_pushes(algo, given, sgd, eager.program.Payload)):
+            fusable += not payload.nesterov and given.get("compression") != "fp16"
+            for host in (eager, compiled):
+                _push(host, worker, grad, payload)
+            want, got = _buffers(eager.program), _buffers(compiled.program)
+            assert sorted(got) == sorted(want)
+            for name in want:  # fp32 rounding: a few units of the last place of the tensor's largest element
+                torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5 * float(want[name].abs().max()),
+                                           msg=lambda m: f"push {turn} (worker {worker}), {name}: {m}")
+            np.testing.assert_allclose(compiled.meta[W.META_SUMS:W.META_COUNTER].view(np.float64),
+                                       eager.meta[W.META_SUMS:W.META_COUNTER].view(np.float64), rtol=1e-4, atol=1e-9)
+        assert compiled.program.fused.calls == fusable  # the compiled loop applied every push it covers
+        assert eager.version == compiled.version > 3
+    finally:
+        compiled.program.close()
+        eager.program.close()
+
+
+def test_auto_compiles_for_large_shards_only():
+    assert not fused.FusedPush.wanted("auto", fused.COMPILE_MIN - 1)
+    assert fused.FusedPush.wanted("auto", fused.COMPILE_MIN)
+    assert fused.FusedPush.wanted("compiled", 10) and not fused.FusedPush.wanted("eager", 1 << 30)
+
+
+def test_a_bad_kernel_is_named():
+    with pytest.raises(ValueError, match="server_kernel must be 'auto', 'compiled'.*got 'fast'"):
+        ServerKernelOption(server_kernel="fast")
