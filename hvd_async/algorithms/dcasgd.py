@@ -251,7 +251,8 @@ class DCProgram(MailboxProgram):
         term added straight into the momentum buffer, the look-ahead's sum following the buffer, the
         weights, the answer (:meth:`SGDRule.step_`). What is not elementwise is a number known before
         the slices (the push clip's norms, lc-asgd's ratio ``r``) or a sum of theirs (the
-        compensation's size)."""
+        compensation's size). Where the program has a compiled push (:attr:`fused`) and it covers this
+        one (:meth:`fusable`), the same arithmetic runs as that one loop over the whole shard instead."""
         staleness = self.staleness(worker)
         active, r = self.plan(worker, payload)
         if grad_norm is None:
