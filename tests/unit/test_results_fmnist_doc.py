@@ -69,3 +69,36 @@ def test_the_second_grid_ran_after_its_protocol_at_one_clean_commit_on_its_seeds
             commits.add(part["commit"])
         assert {r["seed"] for r in record["runs"]} <= V2_SEEDS, name
     assert len(commits) <= 1, f"the second grid's records come from more than one commit: {sorted(commits)}"
+
+
+def _row(seconds):
+    return {"seconds_to_target": seconds, "cpu_utilisation": [None] * len(seconds), "core_wait": [],
+            "seeds": list(range(201, 201 + len(seconds)))}
+
+
+def test_the_extrapolation_judges_only_what_the_simulator_agreed_on():
+    """protocol v2: the simulator's 16-64-worker cells are reported for the agreeing (setting,
+    algorithm) pairs only; a cell's criterion is taken over them, and not judged where a baseline it
+    names did not agree."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gen_fmnist_doc import extrapolated, v2_table
+
+    rows = {"ssgd": _row([30.0] * 5), "lb-sgd": _row([12.0] * 5), "ssgd-loo": _row([11.0] * 5),
+            "asgd": _row([10.0] * 5), "lc-asgd": _row([5.0] * 5)}
+    cell = {"algorithms": rows}
+    judged = extrapolated("fmnist-v2-16-steady", cell, {"ssgd", "lb-sgd", "ssgd-loo", "asgd"})
+    assert judged["best"] == "asgd" and judged["passes"] is True  # lc-asgd, faster, did not agree
+    unjudged = extrapolated("fmnist-v2-16-steady", cell, {"ssgd", "ssgd-loo", "asgd", "lc-asgd"})
+    assert unjudged["passes"] is None and unjudged["unagreed"] == ["lb-sgd"]
+    assert unjudged["against"]["lb-sgd"]["median"] == 12.0  # the baseline's median as run, shown
+    transient = extrapolated("fmnist-v2-32-transient", {"algorithms": {
+        "ssgd": _row([20.0] * 5), "backup-sgd": _row([16.0] * 5), "lb-sgd": _row([18.0] * 5),
+        "asgd": _row([13.0] * 5)}}, {"ssgd", "backup-sgd", "lb-sgd", "asgd"})
+    assert transient["criterion"] == "b2" and transient["passes"] is False  # 13 > 16 / 1.3
+    for row in rows.values():
+        row.update(final_test_accuracy=[0.75] * 5, mean_final_test_accuracy=0.75, gap_to_ssgd=0.0, diverged=0,
+                   passes=True)
+    table = "\n".join(v2_table("fmnist-v2-16-steady", {**unjudged, "ssgd_mean": 0.75, "target": 0.74},
+                               {"ssgd", "ssgd-loo", "asgd", "lc-asgd"}))
+    assert "| lb-sgd | not shown to agree |" in table and "not claimed" in table
+    assert "not judged: the simulator was not shown to agree on lb-sgd" in table
