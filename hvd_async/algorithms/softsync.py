@@ -1,13 +1,18 @@
 """softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
+
+import torch
 
 from ..checkpoint import tensors_copy
 from ..checks import is_int_at_least, user_stacklevel
 from ..options import option
 from ..rules import RunningMean, fold_
+from ..rules.fused import FusedPush, Variant
 from ..transport import window
+from .compensation import ServerKernelOption
 from .groups import (SERVER_MOMENTA, SERVER_MOMENTUM_DEFAULT, Compression, InboxSlots, LookaheadOption,
                      OptionGroup, PushRate, ServerMomentum, check_choice)
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
@@ -54,8 +59,13 @@ class DeprecatedMomentum(ServerMomentum):
 
 
 @dataclass
-class SoftSyncOptions(LookaheadOption, PushRate, DeprecatedMomentum, InboxSlots, Compression, AggregateOptions):
-    """softsync's options: n and staleness_lr, compression, server momentum, push rate, look-ahead."""
+class SoftSyncOptions(ServerKernelOption, LookaheadOption, PushRate, DeprecatedMomentum, InboxSlots, Compression,
+                      AggregateOptions):
+    """softsync's options: n and staleness_lr, compression, server momentum, push rate, look-ahead, the
+    servers' kernel."""
+
+
+logger = logging.getLogger(__name__)
 
 
 class SoftSync(MailboxStrategy):
@@ -144,6 +154,58 @@ class SoftSyncProgram(MailboxProgram):
         # the look-ahead needs the per-worker buffers, and the pushers' answers in their outbox slots
         use = lookahead and self.momentum is not None and self.outbox_on_push
         self.lookahead = Lookahead(host.weights) if use else None
+        # an aggregate of one push through its worker's buffer is dc-asgd's push without the term: the
+        # compiled loop (rules/fused.py) applies it, where chosen
+        self.fused: Optional[FusedPush] = None
+        if self.c == 1 and self.momentum is not None and FusedPush.wanted(options.server_kernel, host.weights.numel()):
+            self.fused = FusedPush(f"server {host.shard}")
+            self.warm_up(self.variant(0.9, 1.0 if self.lookahead is not None else 0.0))
+
+    @property
+    def compile_seconds(self) -> float:
+        return 0.0 if self.fused is None else self.fused.compile_seconds
+
+    def warm_up(self, variant: Variant) -> None:
+        """Compile the fused push's ``variant`` now; where torch cannot compile, say so once and keep the
+        eager push."""
+        assert self.fused is not None
+        try:
+            self.fused.warm_up(variant)
+        except Exception as exc:  # (inductor's errors have no common base class)
+            logger.warning("server %d: the compiled push is unavailable here (%s: %s); pushes take the eager "
+                           "chain (--server-kernel eager says so up front)", self.host.shard, type(exc).__name__,
+                           str(exc).splitlines()[0] if str(exc) else "")
+            self.fused = None
+
+    def variant(self, momentum: float, step: float) -> Variant:
+        """The fused push's variant for a one-push aggregate with this momentum and look-ahead ``step``."""
+        answer = "none" if not self.outbox_on_push else "ahead" if step else "weights"
+        return Variant(adaptive=False, compensated=False, momentum=bool(momentum),
+                       total=self.lookahead is not None and bool(momentum), answer=answer, scaled=False)
+
+    def fused_push(self, worker: int, grad, payload, factor: float) -> bool:
+        """A push that is its own aggregate (``c`` = 1, per-worker momentum) as the compiled loop: the
+        worker's direction through its buffer, the look-ahead's sum, the step (the mean's division and
+        the staleness factor folded into the rate), the answer. False, and nothing done, where the loop
+        does not cover it (Nesterov, fp16 slots, no compiled push)."""
+        kwargs, outbox = payload.sgd_kwargs(), self.host.outbox
+        if (self.fused is None or self.momentum is None or len(self.pending) != 1 or kwargs["nesterov"]
+                or grad.dtype != torch.float32
+                or (outbox is not None and outbox[0].dtype != torch.float32)):
+            return False
+        step = self.rate * kwargs["lr"] * kwargs["momentum"] if Lookahead.applies(kwargs) else 0.0
+        variant = self.variant(kwargs["momentum"], step)
+        self.warm_up(variant)
+        if self.fused is None:
+            return False
+        _, inverse = self.mean.sum_()  # (the sum itself is not formed: the loop applies the one term)
+        lr = self.rate * kwargs["lr"] * inverse * factor
+        self.fused(variant, self.host.weights, grad, None if outbox is None else outbox[worker], None,
+                   self.momentum[worker].get("momentum_buffer"),
+                   None if self.lookahead is None else self.lookahead.total,
+                   (0.0, 0.0, 1.0, 1.0, kwargs["momentum"], kwargs["weight_decay"], lr, step, 1.0))
+        self.applied()
+        return True
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         """Fold the gradient (or, with per-worker momentum, its worker's direction) into the running
@@ -170,7 +232,8 @@ class SoftSyncProgram(MailboxProgram):
 
         self.pending.append((worker, payload, staleness))
         if self.complete():
-            self.maybe_apply(fold)
+            if not self.fused_push(worker, grad, payload, factor):
+                self.maybe_apply(fold)
         else:
             self.blocks.run(fold)
 
@@ -226,7 +289,6 @@ class SoftSyncProgram(MailboxProgram):
         if not self.complete():
             return
         workers = [m for m, _, _ in self.pending]
-        staleness = [s for _, _, s in self.pending]
         last = self.pending[-1][1].sgd_kwargs()  # the rate and momentum of the aggregate's step
         if fold is None:
             self.apply_mean(last)
@@ -245,6 +307,12 @@ class SoftSyncProgram(MailboxProgram):
 
         if fold is not None or answered:
             self.blocks.run(chain)
+        self.applied()
+
+    def applied(self) -> None:
+        """The pending aggregate was applied: count it, and answer its pushers."""
+        workers = [m for m, _, _ in self.pending]
+        staleness = [s for _, _, s in self.pending]
         self.host.bump(staleness, pushes=len(workers))
         self.pending = []
         for m, s in zip(workers, staleness):

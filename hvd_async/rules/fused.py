@@ -1,4 +1,4 @@
-"""dc-asgd's and lc-asgd's server push as one compiled loop over the shard.
+"""dc-asgd's and lc-asgd's server push (and softsync's one-push aggregate) as one compiled loop over the shard.
 
 The eager push (``DCProgram.on_push``: :meth:`DCRule.term_of`, :meth:`SGDRule.step_` and the answer,
 slice by slice through :class:`~hvd_async.rules.Blocks`) is about fifteen torch operations a slice, each
