@@ -2,7 +2,6 @@
 ``lam * g * g * (w - w_bak(m))``, through a momentum buffer per worker, and answer with the
 look-ahead weights (``lookahead``)."""
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -17,8 +16,6 @@ from .compensation import Compensation, PushClip, PushClipOption, ServerKernelOp
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
-
-logger = logging.getLogger(__name__)
 
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
@@ -215,15 +212,8 @@ class DCProgram(MailboxProgram):
         return 0.0 if self.fused is None else self.fused.compile_seconds
 
     def warm_up(self, variant: Variant) -> None:
-        """Compile the fused push's ``variant`` now; where torch cannot compile (no C++ compiler, an
-        unsupported platform), say so once and keep the eager push."""
-        assert self.fused is not None
-        try:
-            self.fused.warm_up(variant)
-        except Exception as exc:  # (inductor's errors have no common base class)
-            logger.warning("server %d: the compiled push is unavailable here (%s: %s); pushes take the eager "
-                           "chain (--server-kernel eager says so up front)", self.host.shard, type(exc).__name__,
-                           str(exc).splitlines()[0] if str(exc) else "")
+        """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
+        if self.fused is not None and not self.fused.ready(variant):
             self.fused = None
 
     def variant(self, active: bool, kwargs, r: float, step: float) -> Variant:

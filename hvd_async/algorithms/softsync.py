@@ -1,5 +1,4 @@
 """softsync (n-softsync): the servers apply the mean of every ``floor(workers / n)`` gradients."""
-import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -63,9 +62,6 @@ class SoftSyncOptions(ServerKernelOption, LookaheadOption, PushRate, DeprecatedM
                       AggregateOptions):
     """softsync's options: n and staleness_lr, compression, server momentum, push rate, look-ahead, the
     servers' kernel."""
-
-
-logger = logging.getLogger(__name__)
 
 
 class SoftSync(MailboxStrategy):
@@ -166,15 +162,8 @@ class SoftSyncProgram(MailboxProgram):
         return 0.0 if self.fused is None else self.fused.compile_seconds
 
     def warm_up(self, variant: Variant) -> None:
-        """Compile the fused push's ``variant`` now; where torch cannot compile, say so once and keep the
-        eager push."""
-        assert self.fused is not None
-        try:
-            self.fused.warm_up(variant)
-        except Exception as exc:  # (inductor's errors have no common base class)
-            logger.warning("server %d: the compiled push is unavailable here (%s: %s); pushes take the eager "
-                           "chain (--server-kernel eager says so up front)", self.host.shard, type(exc).__name__,
-                           str(exc).splitlines()[0] if str(exc) else "")
+        """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
+        if self.fused is not None and not self.fused.ready(variant):
             self.fused = None
 
     def variant(self, momentum: float, step: float) -> Variant:

@@ -131,6 +131,18 @@ class FusedPush:
         logger.info("%s: compiled the server's push %s in %.1f s", self.label, _describe(variant), seconds)
         return seconds
 
+    def ready(self, variant: Variant) -> bool:
+        """:meth:`warm_up`, and False where torch cannot compile here (no C++ compiler, an unsupported
+        platform): said once in a warning, and the program keeps its eager push."""
+        try:
+            self.warm_up(variant)
+            return True
+        except Exception as exc:  # (inductor's errors have no common base class)
+            logger.warning("%s: the compiled push is unavailable here (%s: %s); pushes take the eager chain "
+                           "(--server-kernel eager says so up front)", self.label, type(exc).__name__,
+                           str(exc).splitlines()[0] if str(exc) else "")
+            return False
+
     @staticmethod
     def traffic(variant: Variant, numel: int) -> Tuple[int, int]:
         """The bytes one push of ``variant`` reads and writes over a shard of ``numel`` fp32 elements:

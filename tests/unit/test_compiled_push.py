@@ -73,3 +73,18 @@ def test_auto_compiles_for_large_shards_only():
 def test_a_bad_kernel_is_named():
     with pytest.raises(ValueError, match="server_kernel must be 'auto', 'compiled'.*got 'fast'"):
         ServerKernelOption(server_kernel="fast")
+
+
+def test_where_torch_cannot_compile_the_eager_push_goes_on(monkeypatch, caplog):
+    def cannot(self, variant):
+        raise RuntimeError("no C++ compiler found\nmore lines")
+    monkeypatch.setattr(fused.FusedPush, "warm_up", cannot)
+    host = _host("dc-asgd", {}, "compiled")
+    try:
+        assert host.program.fused is None  # one warning, and the program kept its eager push
+        assert "the compiled push is unavailable here (RuntimeError: no C++ compiler found)" in caplog.text
+        worker, grad, payload = next(_pushes("dc-asgd", {}, "momentum+wd", host.program.Payload))
+        _push(host, worker, grad, payload)
+        assert host.version == 1
+    finally:
+        host.program.close()
