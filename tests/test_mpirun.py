@@ -65,20 +65,3 @@ def test_threads_per_rank_under_horovodrun():
                   *python("-c", THREADS)], timeout=180)
     assert result.returncode == 0, result.out[-3000:]
     assert _threads(result.out) == {0: max(1, cpus // 2), 1: max(1, cpus // 2)}, result.out[-2000:]
-
-
-# Lines a rank prints: its whole output (about 1.7 KB) stays under what mpirun reads from a rank at once
-# (Open MPI 4 reads 4 KB at a time), so a read never ends inside a line however late it comes; only a rank's own writes can
-# cut one. (With thousands of lines in a burst a read can end mid-line whatever the rank does.)
-LINES = 60
-
-
-@pytest.mark.parametrize("np,mode", [(2, "no-shm"), (4, "shm")])
-def test_ranks_lines_reach_the_output_whole(np, mode):
-    """Launched unbuffered, a print is two writes (the text, then the newline) unless init makes the
-    rank's output line-buffered; mpirun can then put another rank's line between the two."""
-    result = mpirun(np, python("tests/mpi/whole_lines_job.py"), no_shm=MODES[mode], env={"LINES": str(LINES)})
-    assert result.returncode == 0, result.out[-3000:]
-    lines = [line for line in result.out.splitlines() if "LINE" in line]
-    broken = [line for line in lines if not re.fullmatch(r"LINE rank \d number \d+ end", line)]
-    assert not broken and len(lines) == LINES * np, (len(lines), broken[:5])
