@@ -207,15 +207,6 @@ class DCProgram(MailboxProgram):
             self.lookahead.restore(state.get("lookahead_total"), self.momentum)
         self.state.load(tensors_copy(state["rule"]))
 
-    @property
-    def compile_seconds(self) -> float:
-        return 0.0 if self.fused is None else self.fused.compile_seconds
-
-    def warm_up(self, variant: Variant) -> None:
-        """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
-        if self.fused is not None and not self.fused.ready(variant):
-            self.fused = None
-
     def variant(self, active: bool, kwargs, r: float, step: float) -> Variant:
         """The fused push's variant for a push with these settings (its look-ahead ``step``)."""
         dc = self.rule.compensation

@@ -41,6 +41,7 @@ import torch
 from ..checkpoint import tensors_copy
 from ..checks import all_finite, norm_if_finite
 from ..rules import Blocks, Scratch, SGDRule
+from ..rules.fused import FusedPush, Variant
 from ..transport import window
 from .base import CompensationSums, Strategy
 from .flat import FlatModel, finite_grads
@@ -274,6 +275,7 @@ class MailboxProgram(window.ServerProgram):
     Payload = SGDPayload  # what the pushes carry (decoded before on_push)
     momentum: Optional[List[Dict]] = None  # per-worker SGD state, where the program keeps one
     lookahead: Optional[Lookahead] = None  # the sum of those buffers, where it answers ahead
+    fused: Optional[FusedPush] = None  # the push as one compiled loop (rules/fused.py), where chosen
 
     def __init__(self, host):
         super().__init__(host)
@@ -288,6 +290,15 @@ class MailboxProgram(window.ServerProgram):
 
     def close(self) -> None:
         self.blocks.close()
+
+    @property
+    def compile_seconds(self) -> float:
+        return 0.0 if self.fused is None else self.fused.compile_seconds
+
+    def warm_up(self, variant: Variant) -> None:
+        """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
+        if self.fused is not None and not self.fused.ready(variant):
+            self.fused = None
 
     def answer_slice(self, worker: int, sl: slice, scratch: Scratch, step: float = 0.0, total=None) -> None:
         """Slice ``sl`` of ``worker``'s answer in its outbox slot: the weights, or with the look-ahead's

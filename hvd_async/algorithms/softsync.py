@@ -157,15 +157,6 @@ class SoftSyncProgram(MailboxProgram):
             self.fused = FusedPush(f"server {host.shard}")
             self.warm_up(self.variant(0.9, 1.0 if self.lookahead is not None else 0.0))
 
-    @property
-    def compile_seconds(self) -> float:
-        return 0.0 if self.fused is None else self.fused.compile_seconds
-
-    def warm_up(self, variant: Variant) -> None:
-        """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
-        if self.fused is not None and not self.fused.ready(variant):
-            self.fused = None
-
     def variant(self, momentum: float, step: float) -> Variant:
         """The fused push's variant for a one-push aggregate with this momentum and look-ahead ``step``."""
         answer = "none" if not self.outbox_on_push else "ahead" if step else "weights"
