@@ -47,11 +47,11 @@ from hvd_async.algorithms.base import parse_options  # noqa: E402
 from hvd_async.sim.windows import SimShardHost  # noqa: E402
 from hvd_async.transport import window as W  # noqa: E402
 
-# name[:label] -> options; the eager rows are dc-asgd's, lc-asgd's and softsync's push as a chain of torch operations,
+# name[:label] -> options; the eager rows are dc-asgd's, lc-asgd's, softsync's and backup-sgd's push as a chain of torch operations,
 # beside the default (auto: one compiled loop from 2**20 elements on, hvd_async/rules/fused.py)
 PROGRAMS = {"dc-asgd": {}, "dc-asgd:eager": {"server_kernel": "eager"}, "lc-asgd": {},
             "lc-asgd:eager": {"server_kernel": "eager"}, "softsync": {}, "softsync:eager": {"server_kernel": "eager"},
-            "backup-sgd": {}, "od-sgd": {"exchange": "window"}}
+            "backup-sgd": {}, "backup-sgd:eager": {"server_kernel": "eager"}, "od-sgd": {"exchange": "window"}}
 WORKERS = 4
 TARGET = 2.0  # time over the memory-bandwidth floor
 ACCUMULATE_TARGETS = {"dc-asgd": 3.0, "lc-asgd": 3.0, "softsync": 2.0, "backup-sgd": 2.0}  # at 64 MiB (issue 58)

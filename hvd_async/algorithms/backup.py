@@ -25,10 +25,14 @@ coordinate block is always the mean of that many gradients computed on the same 
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+import torch
+
 from ..checks import is_int_at_least
 from ..options import option
 from ..rules import RunningMean
+from ..rules.fused import FusedPush, Variant
 from ..transport import window
+from .compensation import ServerKernelOption
 from .groups import COMPRESSION_DEFAULT, Compression, InboxSlots, OptionGroup
 from .ps import MailboxProgram, MailboxStrategy
 
@@ -49,8 +53,9 @@ class BackupsOption(OptionGroup):
 
 
 @dataclass
-class BackupSGDOptions(InboxSlots, Compression, BackupsOption):
-    """backup-sgd's options: backups, and the compression group (its help in this algorithm's words)."""
+class BackupSGDOptions(ServerKernelOption, InboxSlots, Compression, BackupsOption):
+    """backup-sgd's options: backups, the compression group (its help in this algorithm's words) and how
+    the servers run an update (``server_kernel``)."""
 
     compression: Any = option(COMPRESSION_DEFAULT, "'fp16': gradients and weights cross the network in half "
                               "precision (fp32 weights and arithmetic on the servers)")
@@ -77,6 +82,8 @@ class BackupSGD(MailboxStrategy):
         backups: B, from 0 to workers - 1 (default 1; 0 with a single worker). The paper's rule of
             thumb: about the number of workers that are slow at any time (a few percent of them).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
+        server_kernel: as dc-asgd's: 'auto' (the default) applies an update as one compiled loop over a
+            large shard (the step and the first answer in one pass), 'eager' as torch operations.
 
     Example::
 
@@ -153,6 +160,16 @@ class BackupProgram(MailboxProgram):
         self.accepted: List = []  # (worker, payload) of the gradients for the current version, as they came
         self.dropped = [0] * host.spec.workers
         self.mean = RunningMean(host.weights, scale=False)  # their sum, folded in as they land
+        # an update is dc-asgd's push without the term, on the sum: the compiled loop applies it, where chosen
+        if FusedPush.wanted(options.server_kernel, host.weights.numel()):
+            self.fused = FusedPush(f"server {host.shard}")
+            self.warm_up(self.variant(0.9))
+
+    def variant(self, momentum: float) -> Variant:
+        """The fused loop's variant for an update with this momentum (the answer: the first accepted
+        worker's outbox slot, where the windows have one)."""
+        return Variant(adaptive=False, compensated=False, momentum=bool(momentum), total=False,
+                       answer="weights" if self.host.outbox is not None else "none", scaled=False)
 
     def on_push(self, worker, grad, payload, grad_norm=None) -> None:
         if self.held[worker] != self.host.version:  # computed on weights this shard has moved past
@@ -184,16 +201,39 @@ class BackupProgram(MailboxProgram):
         total, inverse = self.mean.sum_()
         self.blocks.run(self.mean_step(total, inverse, kwargs))
 
+    def fused_apply(self, kwargs, first: int) -> bool:
+        """The update as the compiled loop: the step through the momentum buffer with the mean folded
+        into the rate, and worker ``first``'s answer written in the same pass. False, and nothing done,
+        where the loop does not cover it (Nesterov, fp16 slots, no compiled push)."""
+        outbox = self.host.outbox
+        if (self.fused is None or kwargs["nesterov"] or self.mean.total.dtype != torch.float32
+                or (outbox is not None and outbox[0].dtype != torch.float32)):
+            return False
+        variant = self.variant(kwargs["momentum"])
+        self.warm_up(variant)
+        if self.fused is None:
+            return False
+        total, inverse = self.mean.sum_()
+        self.sgd.ready_buffer_(self.sgd_state, total, kwargs["momentum"])
+        self.fused(variant, self.host.weights, total, None if outbox is None else outbox[first], None,
+                   self.sgd_state.get("momentum_buffer"), None,
+                   (0.0, 0.0, 1.0, inverse, kwargs["momentum"], kwargs["weight_decay"], kwargs["lr"], 0.0, 1.0))
+        return True
+
     def maybe_apply(self) -> None:
         """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing); the
-        accepted workers' answers then in one sweep (each slice of the weights read once for all)."""
+        accepted workers' answers then in one sweep (each slice of the weights read once for all; the
+        compiled update writes the first one itself)."""
         if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
             return
         workers = [m for m, _ in self.accepted]
-        self.apply_mean(self.accepted[-1][1].sgd_kwargs())
+        kwargs = self.accepted[-1][1].sgd_kwargs()
+        fused = self.fused_apply(kwargs, workers[0])  # (the first answer written with the step)
+        if not fused:
+            self.apply_mean(kwargs)
 
         def answers(sl, scratch) -> None:
-            for m in workers:
+            for m in workers[1:] if fused else workers:
                 self.answer_slice(m, sl, scratch)
 
         self.blocks.run(answers)

@@ -1,11 +1,13 @@
-"""dc-asgd's, lc-asgd's and softsync's push as one compiled loop (``--server-kernel compiled``,
-hvd_async/rules/fused.py) equals the eager push to fp32 rounding: two copies of each program get the
-same pushes, one compiled, one eager, for every dc-asgd, lc-asgd and softsync case of
-test_fused_rules.py (adaptive or constant lam, look-ahead, per-worker and shared momentum, weight
-decay, the push clip, 'uncovered' compensation, lc-asgd's ratio r; softsync's one-push aggregates,
-with staleness-scaled rates, and its larger aggregates, which stay eager) and two more of softsync's; every buffer is compared after every push, to a few units
-of fp32's last place of its largest element (the same operations, in another order within an element). The cases
-the compiled loop does not cover (Nesterov, fp16 slots) take the eager chain, and are checked to."""
+"""dc-asgd's, lc-asgd's and softsync's push, and backup-sgd's update, as one compiled loop
+(``--server-kernel compiled``, hvd_async/rules/fused.py) equal the eager chain to fp32 rounding: two
+copies of each program get the same pushes, one compiled, one eager, for every dc-asgd, lc-asgd,
+softsync and backup-sgd case of test_fused_rules.py (adaptive or constant lam, look-ahead, per-worker
+and shared momentum, weight decay, the push clip, 'uncovered' compensation, lc-asgd's ratio r;
+softsync's one-push aggregates, with staleness-scaled rates, and its larger aggregates, which stay
+eager; backup-sgd's updates, beside the late pushes it drops) and two more of softsync's; every buffer
+is compared after every push, to a few units of fp32's last place of its largest element (the same
+operations, in another order within an element). The cases the compiled loop does not cover
+(Nesterov, fp16 slots) take the eager chain, and are checked to."""
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from hvd_async.rules import fused
 from hvd_async.sim.windows import SimShardHost
 from hvd_async.transport import window as W
 
-COMPENSATED = [case for case in CASES if case[0] in ("dc-asgd", "lc-asgd", "softsync")] + [
+COMPENSATED = [case for case in CASES if case[0] in ("dc-asgd", "lc-asgd", "softsync", "backup-sgd")] + [
     ("softsync", dict(staleness_lr=True), "momentum+wd"),  # a staleness factor in the one-push aggregate's rate
     ("softsync", dict(lookahead=False), "momentum"),  # no outbox: the pushers read the weights window
 ]
@@ -57,6 +59,8 @@ def test_the_compiled_push_equals_the_eager_one(algo, given, sgd):
                                            msg=lambda m: f"push {turn} (worker {worker}), {name}: {m}")
             np.testing.assert_allclose(compiled.meta[W.META_SUMS:W.META_COUNTER].view(np.float64),
                                        eager.meta[W.META_SUMS:W.META_COUNTER].view(np.float64), rtol=1e-4, atol=1e-9)
+        if algo == "backup-sgd":  # an update at a time, not a push: every update it covers
+            fusable = compiled.version if not payload.nesterov and given.get("compression") != "fp16" else 0
         assert (compiled.program.fused.calls if compiled.program.fused else 0) == fusable  # every push it covers
         assert eager.version == compiled.version > 3
     finally:
