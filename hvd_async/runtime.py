@@ -389,6 +389,9 @@ class Comms(NamedTuple):
     win_comm: Any  # the whole job: the parent of each window transport's own communicator
     servers: int   # world ranks 0 .. servers - 1 are the parameter servers
     mpi: Any       # what the transports call as ``MPI``: mpi4py's (the simulator's: in memory)
+    # more of this node's processes than cores: a worker waiting for its servers' answer then gives its
+    # core away between checks instead of spinning in MPI's wait (:func:`oversubscribed`)
+    oversubscribed: bool = False
 
     @staticmethod
     def clock() -> float:
@@ -429,7 +432,7 @@ def comms(what: str = "a transport") -> Comms:
                            f"communicators are freed); build transports and optimizers before it")
     from mpi4py import MPI
 
-    return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers, MPI)
+    return Comms(rt.group, rt.ctrl, rt.win_comm, rt.servers, MPI, rt.oversubscribed)
 
 
 def register_transport(transport) -> None:

@@ -125,6 +125,7 @@ class SimComms:
         self.ctrl = SimComm(world, ("ctrl",), everyone, me)
         self.win_comm = SimComm(world, ("win",), everyone, me)
         self.servers = world.servers
+        self.oversubscribed = False  # (the simulated workers' waits take no core: they are virtual)
 
     def clock(self) -> float:
         return self.cluster.sched.now(self.rank)

@@ -39,7 +39,9 @@ Workers hold a shared passive-target lock on every window for the transport's wh
 (``Lock_all``) and complete operations with ``Flush``; the server holds one on its own windows and
 touches their memory directly between ``Win.Sync`` calls. Headers and answers are two-sided
 messages on the transport's own communicator: the data never leaves the windows, and a worker
-waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network.
+waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network (on a node
+with more processes than cores it checks with ``MPI_Testall`` and sleeps between checks, so that its
+wait takes no core from the workers still computing: ``client.wait_for_answers``).
 
 Reads of the weights from a shard on this node are plain ``Get``/``Rget``, also in accumulate mode
 where other workers may be adding into the same elements meanwhile. MPI leaves such a read undefined

@@ -1,6 +1,7 @@
 """The worker side of the windows: :class:`WindowTransport` pulls the global weights, pushes
 deltas (accumulate mode) or gradients (mailbox mode), and reads versions (see
 :mod:`hvd_async.transport.window` for the protocol)."""
+import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -14,6 +15,21 @@ from .slots import SlotClaim
 from .layout import (H_LEN, H_SLOT, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER, TAG_CLOSE,
                      TAG_OPEN, TAG_REQUEST, Answers, Kind, Pending, WindowSpec, _Windows, encode_request)
 from .worker_side import WorkerSide
+
+# how often a worker on an oversubscribed node checks for its servers' answer, sleeping between checks
+ANSWER_POLL_SECONDS = 1e-4
+
+
+def wait_for_answers(MPI, requests, polite: bool) -> None:
+    """Complete the receives of the servers' answers: in MPI's own wait, which spins for the lowest
+    latency, or (``polite``: more processes on this node than cores) by checking every
+    :data:`ANSWER_POLL_SECONDS` and sleeping between: a spinning wait takes a core from the workers
+    still computing, which a synchronous update (backup-sgd's) then waits for in turn."""
+    if not polite:
+        MPI.Request.Waitall(requests)
+        return
+    while not MPI.Request.Testall(requests):
+        time.sleep(ANSWER_POLL_SECONDS)
 
 
 class WindowTransport(MetaAccess, ServerState, WorkerSide):
@@ -55,6 +71,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
                                     dict(options or {}), wire, int(slots), bool(outbox)), comms.group.rank)
         self._MPI = MPI = comms.mpi
         self._clock = comms.clock
+        self._polite = bool(comms.oversubscribed)  # (see wait_for_answers)
         # fp16 on the wire: the gradient is rounded into this buffer before it goes, the weights
         # arrive in the other (the servers keep fp32)
         self._wire = [torch.empty(int(numel), dtype=torch.float16) for _ in range(2)] if wire == "fp16" else None
@@ -350,7 +367,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         def finish():
             if not answered:
                 return None
-            MPI.Request.Waitall(requests)
+            wait_for_answers(MPI, requests, self._polite)
             # (a plain Rget: the server wrote this slot before answering, and writes it again only
             # while serving this worker's next request; nobody accumulates into it)
             window = self._win.inbox if into_inbox else self._win.outbox  # (the outbox: this worker's slot)
