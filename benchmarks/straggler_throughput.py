@@ -16,10 +16,13 @@ ssgd (asgd's targets: >= 1.5 for both), and writes JSON and a plot to benchmarks
     python benchmarks/straggler_throughput.py
     python benchmarks/straggler_throughput.py --algos asgd,dc-asgd,softsync --repeats 3
     python benchmarks/straggler_throughput.py --quick --out /tmp/s.json   # a tiny form (about 40 s)
+    python benchmarks/straggler_throughput.py --compute-ms 0 --straggler 0=3 --epochs 1 --max-epochs 1 \
+        --job-args "--dataset fashion-mnist --model lenet"      # CPU-bound, as the Fashion-MNIST grid ran
 """
 import argparse
 import math
 import os
+import shlex
 import statistics
 import sys
 
@@ -44,6 +47,9 @@ def parse_args(argv=None):
                    help="target test accuracy: ssgd's median final accuracy minus this")
     p.add_argument("--repeats", type=int, default=3, help="runs of each algorithm, alternating")
     p.add_argument("--quick", action="store_true", help=quick_help(QUICK))
+    p.add_argument("--job-args", default="", metavar="FLAGS",
+                   help="more flags for every job (e.g. \"--dataset fashion-mnist --model lenet\"); with "
+                        "--compute-ms 0 the runs are CPU-bound: real compute on this machine's cores")
     p.add_argument("--out", default=os.path.join(HERE, "results", "straggler_throughput.json"), help="JSON path")
     args = p.parse_args(argv)
     apply_quick(p, args, QUICK)
@@ -57,7 +63,8 @@ def run_job(algo, args) -> dict:
     servers = 0 if algo == "ssgd" else 1
     epochs = args.epochs if algo == "ssgd" else args.max_epochs
     return train_job(["--algo", algo, "--np", args.workers + servers, "--servers", servers,
-                      "--epochs", epochs, "--compute-ms", args.compute_ms, "--straggler", args.straggler],
+                      "--epochs", epochs, "--compute-ms", args.compute_ms, "--straggler", args.straggler,
+                      *shlex.split(args.job_args)],
                      timeout=900)
 
 
@@ -114,7 +121,9 @@ def summarize(args, runs) -> dict:
     median = {a: table[a]["samples_per_second"]["median"] for a in algos}
     tta = {a: table[a]["time_to_target"]["median"] for a in algos}
     return {"benchmark": "straggler_throughput", "quick": args.quick, "workers": args.workers,
-            "compute_ms": args.compute_ms, "straggler": args.straggler, "epochs": args.epochs,
+            "compute_ms": args.compute_ms, "straggler": args.straggler, "job_args": args.job_args,
+            "compute_model": (f"emulated: {args.compute_ms:g} ms of sleep a step" if args.compute_ms
+                              else "CPU-bound: real compute on this machine's cores"), "epochs": args.epochs,
             "max_epochs": args.max_epochs, "repeats": args.repeats, "target_accuracy": target,
             "target_rule": f"ssgd's median final test accuracy after {args.epochs} epochs ({ssgd_final:.4f}) "
                            f"minus {args.target_drop}",

@@ -33,7 +33,7 @@ from ..transport.window import WindowTransport
 from ..worker_loop import Host, WorkerLoop
 from .clock import Scheduler
 from .horovod import SimHorovod
-from .mpi import SimComm, SimMPI, SimWorld
+from .mpi import SimCommunicator, SimMPI, SimWorld
 from .network import LoopComm, SimNetwork
 from .options import SimOptions
 from .windows import ReplayScript, ReplayTracer, SimServers
@@ -77,7 +77,7 @@ class Cluster:
         """A message on the job's control communicator to a server: worker 0 opening a window transport
         (``TAG_OPEN``, its spec to each server in turn; the shards open at the first)."""
         members = list(range(self.world.servers + self.sim.workers))
-        spec = SimComm(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
+        spec = SimCommunicator(self.world, ("ctrl",), members, server).recv(source=source, tag=tag)
         if tag != window.TAG_OPEN:
             raise RuntimeError(f"simulated server {server}: unexpected control message (tag {tag})")
         if server == 0:  # the n-th transport: the n-th duplicate of the window communicator
@@ -121,9 +121,9 @@ class SimComms:
         world = cluster.world
         me, everyone = world.servers + rank, list(range(world.servers + cluster.sim.workers))
         self.mpi = SimMPI
-        self.group = SimComm(world, ("group",), everyone[world.servers:], me)
-        self.ctrl = SimComm(world, ("ctrl",), everyone, me)
-        self.win_comm = SimComm(world, ("win",), everyone, me)
+        self.group = SimCommunicator(world, ("group",), everyone[world.servers:], me)
+        self.ctrl = SimCommunicator(world, ("ctrl",), everyone, me)
+        self.win_comm = SimCommunicator(world, ("win",), everyone, me)
         self.servers = world.servers
         self.oversubscribed = False  # (the simulated workers' waits take no core: they are virtual)
 

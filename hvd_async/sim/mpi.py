@@ -132,7 +132,7 @@ class Link:
 class SimWin:
     """One rank's handle on a window: every member's memory (bytes), ``disp_unit`` bytes per displacement."""
 
-    def __init__(self, comm: "SimComm", memory: List[np.ndarray], disp_unit: int, hooks=None):
+    def __init__(self, comm: "SimCommunicator", memory: List[np.ndarray], disp_unit: int, hooks=None):
         self.comm, self.memory, self.disp_unit = comm, memory, disp_unit
         self.hooks = hooks or {}  # (target rank, operation name) -> called before that operation applies
         self._link = comm.world.link(comm.world_rank)
@@ -241,7 +241,7 @@ class Message:
         self.source, self.tag, self.payload, self.arrival = source, tag, payload, arrival
 
 
-class SimComm:
+class SimCommunicator:
     """One rank's handle on a communicator: ``members`` (world ranks, in the communicator's order) and
     the context that keeps its messages and collectives apart from other communicators'."""
 
@@ -252,14 +252,14 @@ class SimComm:
         self._calls = Calls()
 
     # --- communicators ------------------------------------------------------------------------
-    def Dup(self) -> "SimComm":  # noqa: N802 - every rank duplicates in the same order
+    def Dup(self) -> "SimCommunicator":  # noqa: N802 - every rank duplicates in the same order
         self._dups += 1
-        return SimComm(self.world, self.context + (self._dups,), self.members, self.world_rank)
+        return SimCommunicator(self.world, self.context + (self._dups,), self.members, self.world_rank)
 
-    def Split_type(self, split_type, key: int = 0, info=None) -> "SimComm":  # noqa: N802 - one simulated node
+    def Split_type(self, split_type, key: int = 0, info=None) -> "SimCommunicator":  # noqa: N802 - one simulated node
         return self.Dup()
 
-    def Get_group(self) -> "SimComm":  # noqa: N802
+    def Get_group(self) -> "SimCommunicator":  # noqa: N802
         return self
 
     def Translate_ranks(self, ranks, group) -> List[int]:  # noqa: N802
@@ -344,7 +344,7 @@ class SimWorld:
         self._boxes: Dict[Tuple, List[Message]] = {}
         self._links: Dict[int, Link] = {}
         self.handlers: Dict[Tuple, Callable[[int, int, int], None]] = {}  # (source, server, tag)
-        self.windows: Dict[Tuple, Callable[[SimComm, int, int], SimWin]] = {}  # (comm, n, disp_unit)
+        self.windows: Dict[Tuple, Callable[[SimCommunicator, int, int], SimWin]] = {}  # (comm, n, disp_unit)
         self._allocations: Dict[Tuple, int] = {}
 
     def worker_of(self, world_rank: int) -> int:
@@ -370,20 +370,20 @@ class SimWorld:
         return self._links[world_rank]
 
     # --- messages ---------------------------------------------------------------------------
-    def post(self, comm: SimComm, dest: int, tag: int, payload) -> None:
+    def post(self, comm: SimCommunicator, dest: int, tag: int, payload) -> None:
         """``comm``'s rank sends ``payload`` to world rank ``dest``; a server serves it at once."""
         box = self._boxes.setdefault((comm.context, dest), [])
         box.append(Message(comm.world_rank, tag, payload, self.now() + self.net.latency))
         if dest < self.servers:
             self.handlers[comm.context](comm.world_rank, dest, tag)
 
-    def peek(self, comm: SimComm, source: int, tag: int) -> Optional[Message]:
+    def peek(self, comm: SimCommunicator, source: int, tag: int) -> Optional[Message]:
         for message in self._boxes.get((comm.context, comm.world_rank), ()):
             if (source == ANY_SOURCE or message.source == comm.members[source]) and tag in (ANY_TAG, message.tag):
                 return message
         return None
 
-    def take(self, comm: SimComm, source: int, tag: int) -> Message:
+    def take(self, comm: SimCommunicator, source: int, tag: int) -> Message:
         """The first matching message to ``comm``'s rank; a worker waits for it on its clock."""
         if comm.world_rank >= self.servers:
             worker = self.worker_of(comm.world_rank)
@@ -398,7 +398,7 @@ class SimWorld:
         return message
 
     # --- windows ----------------------------------------------------------------------------
-    def allocate(self, comm: SimComm, size: int, disp_unit: int) -> SimWin:
+    def allocate(self, comm: SimCommunicator, size: int, disp_unit: int) -> SimWin:
         """The window memory of ``comm``'s members: a communicator the servers serve takes theirs from
         ``windows`` (what the n-th allocation over it is), one among workers gathers every worker's."""
         n = self._allocations[(comm.context, comm.world_rank)] = self._allocations.get(

@@ -83,7 +83,7 @@ class Calls:
 class LoopComm:
     """The few ``mpi4py`` communicator calls a simulated worker's loop makes for its metrics
     (``allreduce``, ``gather``), over the simulated network at no simulated cost (the simulated MPI's
-    communicator, :class:`~hvd_async.sim.mpi.SimComm`, is what the transports use)."""
+    communicator, :class:`~hvd_async.sim.mpi.SimCommunicator`, is what the transports use)."""
 
     def __init__(self, net: SimNetwork, rank: int):
         self.net, self.rank, self.size, self._calls = net, rank, net.size, Calls()

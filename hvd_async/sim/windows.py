@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..transport import window
-from .mpi import SimComm, SimWin, SimWorld
+from .mpi import SimCommunicator, SimWin, SimWorld
 
 
 class MemoryWindows:
@@ -77,7 +77,7 @@ class SimShardHost(window.ShardHost):
     def clock() -> float:  # the simulated servers take no time (busy_seconds stays 0)
         return 0.0
 
-    def __init__(self, spec: window.WindowSpec, shard: int, make_program, comm: Optional[SimComm] = None):
+    def __init__(self, spec: window.WindowSpec, shard: int, make_program, comm: Optional[SimCommunicator] = None):
         self.answers: Dict[int, np.ndarray] = {}
         self.memory = MemoryWindows(spec, shard)
         super().__init__(_Unattached(self) if comm is None else comm, spec, shard, make_program,
@@ -133,7 +133,7 @@ class SimServers:
                  scripts: Optional[List[ReplayScript]] = None):
         self.world, self.spec, self.scripts = world, spec, scripts
         members = list(range(spec.servers + spec.workers))
-        self.hosts = [SimShardHost(spec, k, make_program, SimComm(world, context, members, k))
+        self.hosts = [SimShardHost(spec, k, make_program, SimCommunicator(world, context, members, k))
                       for k in range(spec.servers)]
         self._digest = (-1, "")
         world.handlers[context] = self.handle
@@ -152,7 +152,7 @@ class SimServers:
             for h in self.hosts:
                 h.close()
 
-    def window(self, comm: SimComm, n: int, disp_unit: int) -> SimWin:
+    def window(self, comm: SimCommunicator, n: int, disp_unit: int) -> SimWin:
         """Worker ``comm.rank``'s handle on the ``n``-th window (``meta``, ``weights``, ``inbox``,
         ``outbox``: :class:`~hvd_async.transport.window.layout._Windows`' order) of every shard."""
         memory = [_bytes(host.memory.arrays()[n]) for host in self.hosts]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_async.sim.clock import Scheduler
-from hvd_async.sim.mpi import SimComm, SimMPI, SimWorld
+from hvd_async.sim.mpi import SimCommunicator, SimMPI, SimWorld
 from hvd_async.sim.network import SimNetwork
 
 LATENCY = 1.0
@@ -17,8 +17,8 @@ def world(workers: int = 2):
     return sched, SimWorld(net, servers=0)
 
 
-def comm_of(world_: SimWorld, worker: int) -> SimComm:
-    return SimComm(world_, ("group",), list(range(world_.net.size)), worker)
+def comm_of(world_: SimWorld, worker: int) -> SimCommunicator:
+    return SimCommunicator(world_, ("group",), list(range(world_.net.size)), worker)
 
 
 def test_one_sided_operations_land_at_completion_one_latency_after_the_first_was_issued():
