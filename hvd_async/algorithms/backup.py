@@ -206,8 +206,7 @@ class BackupProgram(MailboxProgram):
         into the rate, and worker ``first``'s answer written in the same pass. False, and nothing done,
         where the loop does not cover it (Nesterov, fp16 slots, no compiled push)."""
         outbox = self.host.outbox
-        if (self.fused is None or kwargs["nesterov"] or self.mean.total.dtype != torch.float32
-                or (outbox is not None and outbox[0].dtype != torch.float32)):
+        if self.fused is None or kwargs["nesterov"] or (outbox is not None and outbox[0].dtype != torch.float32):
             return False
         variant = self.variant(kwargs["momentum"])
         self.warm_up(variant)
