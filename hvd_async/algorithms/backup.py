@@ -132,13 +132,11 @@ class BackupSGD(MailboxStrategy):
         """This worker's pushes dropped as late (the job counts their samples as not applied)."""
         return self.dropped
 
-    def stats(self) -> Dict:
-        """Adds ``dropped`` (this worker's pushes dropped as late) and ``dropped_pushes`` (every
-        worker's pushes the first shard dropped)."""
-        out = super().stats()
-        out["dropped"] = self.dropped
-        out["dropped_pushes"] = int(self.transport.read_stats()[0]["sums"][0])
-        return out
+    def server_stats(self, rows) -> Dict:
+        """``dropped`` (this worker's pushes dropped as late) and ``dropped_pushes`` (every worker's
+        pushes the first shard dropped: each shard takes its own first pushes)."""
+        return {"dropped": self.dropped,
+                "dropped_pushes": int(window.named_sums(rows[:1], BackupProgram.sums)["dropped_pushes"])}
 
     def state_dict(self):
         state = super().state_dict()
@@ -153,6 +151,8 @@ class BackupSGD(MailboxStrategy):
 class BackupProgram(MailboxProgram):
     """A shard's side of backup-sgd: takes the first ``workers - backups`` pushes computed on the current
     weights, applies their mean, drops the later ones (see the module docstring)."""
+
+    sums = ("dropped_pushes",)  # the late pushes it dropped (BackupSGD.server_stats reads them)
 
     def __init__(self, host, options: BackupSGDOptions):
         super().__init__(host)
@@ -183,7 +183,7 @@ class BackupProgram(MailboxProgram):
         """Count the late push and answer with the current weights at once."""
         staleness = self.staleness(worker)
         self.dropped[worker] += 1
-        self.host.add_sums(1.0, 0.0)
+        self.host.add_sums(1.0)
         self.snapshot(worker)
         self.host.answer(worker, staleness, window.Status.DROPPED)
 

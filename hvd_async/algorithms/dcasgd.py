@@ -14,6 +14,7 @@ from ..rules.fused import FusedPush, Variant
 from ..transport import window
 from .compensation import Compensation, PushClip, PushClipOption, ServerKernelOption
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
+from .base import CompensationSums
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 
@@ -81,7 +82,6 @@ class DCASGD(MailboxStrategy):
 
     name = "dc-asgd"
     Options: type = DCASGDOptions  # a subclass declares its own
-    compensates = True
     replayable = True  # one push, one update, applied in the order the mailbox takes them
 
     def payload(self, grad, loss) -> "DCPayload":
@@ -93,6 +93,16 @@ class DCASGD(MailboxStrategy):
     @classmethod
     def server_program(cls, host):
         return DCProgram(host, cls.server_spec(host))
+
+    def server_stats(self, rows) -> Dict:
+        """``server_pushes`` and the sums over them of ``||compensated step - g||^2`` and ``||g||^2``
+        (``compensation_sq_sum``, ``grad_sq_sum``: the shards' parts add up)."""
+        sums = window.named_sums(rows, DCProgram.sums)
+        return {"server_pushes": rows[0]["pushes"], "compensation_sq_sum": sums["compensation_sq"],
+                "grad_sq_sum": sums["grad_sq"]}
+
+    def compensation_sums(self, stats: Dict) -> CompensationSums:
+        return CompensationSums(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,7 @@ class DCProgram(MailboxProgram):
 
     uses_grad_norm = True  # (the workers' stats and the push clip read it)
     Payload = DCPayload
+    sums = ("compensation_sq", "grad_sq")  # over the applied pushes (DCASGD.server_stats reads them)
 
     def __init__(self, host, options, rule=None, compensate: Optional[str] = None):
         """``rule`` and ``compensate``: a program that extends this one passes its own (lc-asgd's rule,
@@ -273,7 +284,7 @@ class DCProgram(MailboxProgram):
                                          total if variant.total else None, numbers)
         else:
             compensation_sq = self.blocks.run(chain)
-        self.host.add_sums(compensation_sq, grad_norm ** 2)  # read by MailboxStrategy.stats
+        self.host.add_sums(compensation_sq, grad_norm ** 2)
         self.host.bump([staleness])
         self.snapshot(worker, copy=False)
         self.host.answer(worker, staleness, window.Status.APPLIED)

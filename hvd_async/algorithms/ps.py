@@ -43,7 +43,7 @@ from ..checks import all_finite, norm_if_finite
 from ..rules import Blocks, Scratch, SGDRule
 from ..rules.fused import FusedPush, Variant
 from ..transport import window
-from .base import CompensationSums, Strategy
+from .base import Strategy
 from .flat import FlatModel, finite_grads
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
@@ -185,7 +185,6 @@ class MailboxStrategy(PSStrategy):
 
     mode = "mailbox"
     runs_user_optimizer = False  # the rule's SGD runs on the servers
-    compensates = False  # dc-asgd, lc-asgd: stats() adds the servers' compensation norms
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -237,25 +236,20 @@ class MailboxStrategy(PSStrategy):
 
     def stats(self) -> Dict:
         """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard (with a
-        pool of inbox slots, ``inbox_slot_waits``: this worker's pushes that waited for one); dc-asgd
-        and lc-asgd add ``server_pushes``, ``compensation_sq_sum`` and ``grad_sq_sum`` (sums over
-        those pushes of ``||compensated step - g||^2`` and ``||g||^2``)."""
+        pool of inbox slots, ``inbox_slot_waits``: this worker's pushes that waited for one), and what
+        :meth:`server_stats` reads from the servers' counters."""
         out = super().stats()
         rows = self.transport.read_stats()
         out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
         if self.transport.spec.pooled:  # pushes that found every inbox slot taken (--inbox-slots too few?)
             out["inbox_slot_waits"] = self.transport.slot_waits
-        if self.compensates:  # sums over the servers' applied pushes (the shards' parts add up)
-            out["server_pushes"] = rows[0]["pushes"]
-            # the sums dc-asgd's and lc-asgd's programs add up (DCProgram.on_push: add_sums)
-            out["compensation_sq_sum"] = sum(row["sums"][0] for row in rows)
-            out["grad_sq_sum"] = sum(row["sums"][1] for row in rows)
+        out.update(self.server_stats(rows))
         return out
 
-    def compensation_sums(self, stats: Dict) -> Optional[CompensationSums]:
-        if not self.compensates:
-            return None
-        return CompensationSums(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
+    def server_stats(self, rows: List[Dict]) -> Dict:
+        """What the algorithm adds to :meth:`stats` from the shards' counters (``read_stats`` rows; the
+        sums its program declares, by name: ``window.named_sums``)."""
+        return {}
 
 
 

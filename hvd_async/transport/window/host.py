@@ -48,6 +48,10 @@ class ServerProgram:
     class's ``server_program(host)``). The defaults suit a program that takes no requests and keeps
     nothing between them (asgd's: the workers' accumulates land by themselves)."""
 
+    # the names of the floats the program adds up with ``host.add_sums``, in the order it passes them
+    # (at most ``SUMS``); the workers read them by these names (:func:`named_sums`)
+    sums: Tuple[str, ...] = ()
+
     def __init__(self, host):
         self.host = host
 
@@ -163,9 +167,9 @@ class ShardHost:
             self.meta[META_HIST + min(int(s), HIST_BINS - 1)] += 1
 
     def add_sums(self, *values: float) -> None:
-        """Add ``SUMS`` floats into the shard's sums (what they sum is the program's; workers read them
-        with ``read_stats``)."""
-        self.meta[META_SUMS:META_COUNTER].view(np.float64)[:] += values
+        """Add floats into the shard's sums, in the order of the program's ``sums`` (its names for them;
+        workers read them with ``read_stats`` and :func:`named_sums`)."""
+        self.meta[META_SUMS:META_COUNTER].view(np.float64)[:len(values)] += values  # (more than SUMS: an error)
 
     def answer(self, worker: int, staleness: int, status: Status) -> None:
         """Tell ``worker`` its outbox slot (for a pull without an outbox: the pull's inbox slot) holds the

@@ -4,7 +4,7 @@ specification worker 0 sends the servers, and the window allocation (see :mod:`h
 import os
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,7 +17,7 @@ __all__ = [  # what hvd_async.transport.window re-exports
     "R_STATUS", "R_LEN", "TAG_OPEN", "TAG_REQUEST", "TAG_ANSWER", "TAG_CLOSE", "TAG_STATE", "TAG_STATE_REPLY",
     "TAG_GRANT",
     "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds",
-    "pushes_in", "stats_row",
+    "pushes_in", "stats_row", "named_sums",
     "WindowSpec", "ShardStats", "Pending",
 ]
 
@@ -165,6 +165,12 @@ def stats_row(meta: np.ndarray, mode: str) -> Dict[str, Any]:
     return {"version": int(meta[META_VERSION]), "pushes": pushes_in(meta, mode),
             "busy_seconds": int(meta[META_BUSY_US]) / 1e6, "staleness_hist": meta[META_HIST:META_SUMS].tolist(),
             "sums": meta[META_SUMS:META_COUNTER].view(np.float64).tolist()}
+
+
+def named_sums(rows: Sequence[Dict[str, Any]], names: Sequence[str]) -> Dict[str, float]:
+    """The server program's sums by the names it declares (``ServerProgram.sums``), added over the shards'
+    ``read_stats`` rows (each shard sums over the pushes it applied)."""
+    return {name: float(sum(row["sums"][k] for row in rows)) for k, name in enumerate(names)}
 
 
 def shard_bounds(numel: int, shards: int) -> List[Tuple[int, int]]:
