@@ -14,9 +14,12 @@ arithmetic, and one MPI window of its own for asgd's push):
 - measures the bandwidth of this machine's memory as the fastest of ``torch.add(a, b, out=c)`` (3
   passes) and ``c.copy_(a)`` (2 passes) over shard-sized tensors;
 - times asgd's push as the server sees it, an MPI ``Accumulate`` (sum) of the shard's bytes into a window
-  on this process (``MPI.COMM_SELF``, under a lock: read the window and the data, write the window);
+  on this process (``MPI.COMM_SELF``, under a lock: read the window and the data, write the window),
+  before each timed block of every program, so that a block's ratio compares the two on the same
+  minutes of a machine whose speed drifts;
 - times each program's pushes (the workers in turn; SGD momentum 0.9 and weight decay, so every buffer
   is in use) and prints, per shard size: ms per push, passes per push, the ratio to the Accumulate
+  (the median over the blocks of each block's ratio)
   (issue 58's targets at 64 MiB: dc-asgd and lc-asgd at most 3, softsync and backup-sgd at most 2),
   and ``time per push / (bytes per push / bandwidth)`` (1 is the memory's speed).
 
@@ -56,6 +59,7 @@ WORKERS = 4
 TARGET = 2.0  # time over the memory-bandwidth floor
 ACCUMULATE_TARGETS = {"dc-asgd": 3.0, "lc-asgd": 3.0, "softsync": 2.0, "backup-sgd": 2.0}  # at 64 MiB (issue 58)
 SIZES, QUICK_SIZES = "1MB,16MB,64MB", "1MB,16MB"
+ACCUMULATE_REPS = 3  # Accumulates timed before each block of pushes (their median is the block's yardstick)
 ONLY_WRITTEN = ("copy_", "zero_", "fill_")  # in-place ops that write their target without reading it
 
 
@@ -146,51 +150,64 @@ def bandwidth(numel: int, reps: int) -> float:
     return best
 
 
-def accumulate_seconds(numel: int, reps: int) -> list:
+class Accumulate:
     """asgd's push on the server's memory: ``Accumulate`` (MPI.SUM) of ``numel`` floats into a window on
-    this process, under an exclusive lock (each repeat's seconds; the first, which faults the pages in,
-    is not kept)."""
-    from mpi4py import MPI
+    this process, under an exclusive lock. One window for a shard size, timed between the programs'
+    blocks, so that each block's ratio is to an Accumulate of the same minutes of this machine."""
 
-    win = MPI.Win.Allocate(4 * numel, 4, comm=MPI.COMM_SELF)
-    try:
-        np.frombuffer(win.tomemory(), dtype=np.float32)[:] = 0.0
-        data = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
-        times = []
-        for _ in range(reps + 1):
-            start = time.perf_counter()
-            win.Lock(0)
-            win.Accumulate(data, 0, op=MPI.SUM)
-            win.Unlock(0)
-            times.append(time.perf_counter() - start)
-        return times[1:]
-    finally:
-        win.Free()
+    def __init__(self, numel: int):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.win = MPI.Win.Allocate(4 * numel, 4, comm=MPI.COMM_SELF)
+        np.frombuffer(self.win.tomemory(), dtype=np.float32)[:] = 0.0
+        self.data = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+        self.times: list = []  # every timed one, for the record
+        self._one()  # the first, which faults the pages in, is not kept
+
+    def _one(self) -> float:
+        start = time.perf_counter()
+        self.win.Lock(0)
+        self.win.Accumulate(self.data, 0, op=self.MPI.SUM)
+        self.win.Unlock(0)
+        return time.perf_counter() - start
+
+    def seconds(self, reps: int) -> float:
+        """The median of ``reps`` timed Accumulates."""
+        times = [self._one() for _ in range(reps)]
+        self.times.extend(times)
+        return statistics.median(times)
+
+    def close(self) -> None:
+        self.win.Free()
 
 
-def measure(algo: str, numel: int, args, rate: float, accumulate_s: float) -> dict:
-    """One program at one shard size: bytes and passes per push, ms per push, the ratios."""
+def measure(algo: str, numel: int, args, rate: float, accumulate: Accumulate) -> dict:
+    """One program at one shard size: bytes and passes per push, ms per push, the ratios (each timed
+    block beside an Accumulate timed just before it; the medians over the blocks)."""
     program, requests = make_program(algo, numel)
     pushes(program, requests, 2 * WORKERS)  # every buffer made, the first-touch faults paid
     with Traffic(program) as traffic:
         pushes(program, requests, WORKERS)
     moved = (traffic.read + traffic.written) / WORKERS
-    times = []
+    times, ratios = [], []
     for _ in range(args.blocks):
+        acc = accumulate.seconds(ACCUMULATE_REPS)
         start = time.perf_counter()
         pushes(program, requests, args.pushes)
         times.append((time.perf_counter() - start) / args.pushes)
-    per_push = statistics.median(times)
+        ratios.append(times[-1] / acc)
+    per_push, ratio = statistics.median(times), statistics.median(ratios)
     floor = moved / rate
     return {"bytes_read_per_push": traffic.read / WORKERS, "bytes_written_per_push": traffic.written / WORKERS,
             "shard_passes": round(moved / (4 * numel), 2), "ms_per_push": round(1e3 * per_push, 3),
             "ms_per_push_spread": spread(1e3 * t for t in times), "floor_ms": round(1e3 * floor, 3),
             "ratio": round(per_push / floor, 2), "meets_target": per_push / floor <= TARGET,
-            "ratio_to_accumulate": round(per_push / accumulate_s, 2),
+            "ratio_to_accumulate": round(ratio, 2), "ratio_to_accumulate_spread": spread(ratios),
             "compiled": getattr(program, "fused", None) is not None,
             "compile_seconds": round(getattr(getattr(program, "fused", None), "compile_seconds", 0.0), 2),
             # the form bench_check compares (higher is better): the Accumulate's time over this program's
-            "accumulate_over_push": round(accumulate_s / per_push, 3)}
+            "accumulate_over_push": round(1.0 / ratio, 3)}
 
 
 def main(argv=None) -> int:
@@ -219,19 +236,23 @@ def main(argv=None) -> int:
     for size in sizes:
         numel = size // 4
         rate = bandwidth(numel, 5)
-        acc = accumulate_seconds(numel, max(5, args.blocks))
-        acc_s = statistics.median(acc)
-        print(f"shard {size / 2**20:g} MiB: memory bandwidth {rate / 1e9:.2f} GB/s ({args.threads} thread(s)); "
-              f"asgd's Accumulate {1e3 * acc_s:.2f} ms", flush=True)
-        row = {"shard_bytes": 4 * numel, "bandwidth_bytes_per_second": rate, "accumulate_ms": round(1e3 * acc_s, 3),
-               "accumulate_ms_spread": spread(1e3 * t for t in acc), "programs": {}}
-        for algo in algos:
-            r = row["programs"][algo] = measure(algo, numel, args, rate, acc_s)
-            target = ACCUMULATE_TARGETS.get(algo)
-            print(f"  {algo:>10}: {r['ms_per_push']:8.2f} ms a push, {r['shard_passes']:5.1f} passes a push, "
-                  f"{r['ratio_to_accumulate']:6.2f}x the Accumulate" + (f" (target <= {target:g} at 64 MiB)" if target
-                                                                          else "")
-                  + f"; {r['ratio']:.2f}x the memory floor", flush=True)
+        accumulate = Accumulate(numel)
+        try:
+            acc_s = accumulate.seconds(max(5, args.blocks))
+            print(f"shard {size / 2**20:g} MiB: memory bandwidth {rate / 1e9:.2f} GB/s ({args.threads} thread(s)); "
+                  f"asgd's Accumulate {1e3 * acc_s:.2f} ms", flush=True)
+            row = {"shard_bytes": 4 * numel, "bandwidth_bytes_per_second": rate, "programs": {}}
+            for algo in algos:
+                r = row["programs"][algo] = measure(algo, numel, args, rate, accumulate)
+                target = ACCUMULATE_TARGETS.get(algo)
+                print(f"  {algo:>10}: {r['ms_per_push']:8.2f} ms a push, {r['shard_passes']:5.1f} passes a push, "
+                      f"{r['ratio_to_accumulate']:6.2f}x the Accumulate" + (f" (target <= {target:g} at 64 MiB)"
+                                                                              if target else "")
+                      + f"; {r['ratio']:.2f}x the memory floor", flush=True)
+            row["accumulate_ms"] = round(1e3 * statistics.median(accumulate.times), 3)
+            row["accumulate_ms_spread"] = spread(1e3 * t for t in accumulate.times)
+        finally:
+            accumulate.close()
         rows.append(row)
     write_record({"benchmark": "push_bandwidth", "workers": WORKERS, "threads": args.threads, "quick": args.quick,
                   "target_ratio": TARGET, "accumulate_targets": ACCUMULATE_TARGETS, "options": PROGRAMS,
