@@ -153,6 +153,11 @@ def _tenths(t):
     return "never" if t is None else f"{t:.1f}"
 
 
+def _tenths_s(t):
+    """A median time to target in a sentence: "12.3 s", or "never" (no "s" after it)."""
+    return "never" if t is None else f"{t:.1f} s"
+
+
 def _thousands(n):
     return "-" if n is None else f"{n / 1000:.1f}k"
 
@@ -198,9 +203,9 @@ def v2_table(setting, entry, agreed=None) -> list:
             verdict = f"not judged: the simulator was not shown to agree on {', '.join(entry['unagreed'])}"
         if not complete:  # the criteria are over the protocol's 5 seeds: no verdict on fewer
             verdict = f"not judged until every algorithm has its {SEEDS} seeds"
-        against = "; ".join(f"{a} {_tenths(v['median'])} s (bound {v['bound']:.3g}x)" for a, v in entry["against"].items())
+        against = "; ".join(f"{a} {_tenths_s(v['median'])} (bound {v['bound']:.3g}x)" for a, v in entry["against"].items())
         lines += ["", f"({entry['criterion']}): the best asynchronous algorithm, {entry['best']}, median "
-                      f"{_tenths(entry['best_median'])} s; {against}: {verdict}."]
+                      f"{_tenths_s(entry['best_median'])}; {against}: {verdict}."]
     if entry.get("cpu_bound"):
         lines += ["", f"CPU-bound: a worker's device time and compute waited for a core "
                       f"{100 * entry['max_core_wait']:.1f}% of its training time (bound {100 * CPU_BOUND:g}%); its "
