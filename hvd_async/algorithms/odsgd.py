@@ -21,7 +21,7 @@ Two exchanges, the same arithmetic:
 
 - ``exchange="window"`` (default): the parameter servers hold ``w_g`` in MPI windows; each worker puts
   ``g_m(t)`` into its inbox slot and the servers apply the global step once every active worker's
-  gradient is in (1-softsync's program, unscaled); each worker then reads ``w_g(t+1)`` from the
+  gradient is in (``aggregate.AggregateProgram`` over every worker, unscaled); each worker reads ``w_g(t+1)`` from the
   weights window. With ``--worker-timeout`` the servers may apply the next global step without a
   worker that is still reading this one: each global step is written under
   ``ShardHost.writing_weights`` and read with ``pull(guarded=True)``, which takes a snapshot from
@@ -56,12 +56,12 @@ from ..options import option
 from ..transport import window
 from ..transport.base import ReduceOp
 from ..checkpoint import tensors_copy
+from .aggregate import AggregateProgram
 from .base import Strategy
 from .flat import FlatModel, finite_grads
 from .groups import InboxSlots
 from .payload import SGDPayload, check_server_sgd, server_sgd_hyper
 from .ps import load_server_state_dict, mailbox_snapshot, server_state_dict
-from .softsync import SoftSyncOptions, SoftSyncProgram
 
 EXCHANGES = ("window", "allreduce")
 
@@ -210,18 +210,19 @@ class _AllreduceExchange:
         self.finish()  # the transport (Horovod's) belongs to the job
 
 
-class _GlobalStepProgram(SoftSyncProgram):
-    """The servers' global step: 1-softsync's (every active worker's gradient, averaged, unscaled),
-    leaving the weights in the weights window only (every worker reads the same ones, guarded: each
-    step is written under ``host.writing_weights``)."""
+class _GlobalStepProgram(AggregateProgram):
+    """The servers' global step: every active worker's gradient, averaged, through one momentum buffer
+    at the optimizer's full rate (no staleness scaling, no look-ahead), leaving the weights in the
+    weights window only (every worker reads the same ones, guarded: each step is written under
+    ``host.writing_weights``)."""
 
     def __init__(self, host):
-        super().__init__(host, SoftSyncOptions(n=1, staleness_lr=False, server_momentum="shared", push_rate="full",
-                                               lookahead=False))
+        super().__init__(host, every=host.spec.workers, rate=1.0, staleness_lr=False, shared_momentum=True,
+                         lookahead=False)
         host.reset_writing_mark()
 
     def maybe_apply(self, fold=None) -> None:
-        # marked on every call: whether this one writes is softsync's business (a mark without a
+        # marked on every call: whether this one writes is the aggregate's business (a mark without a
         # write only sends a reader that happens to look meanwhile to the snapshot)
         with self.host.writing_weights():
             super().maybe_apply(fold)
