@@ -31,7 +31,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import hvd_async
-from hvd_async.algorithms.base import Strategy
+from hvd_async.algorithms.base import ExchangeStats, Strategy
 from hvd_async.transport.base import ReduceOp
 
 NAME = "local-sgd"
@@ -92,8 +92,7 @@ class LocalSGD(Strategy):
             vector_to_parameters(collective(flat), self.params)
 
     def stats(self):
-        return {"staleness_mean": 0.0, "staleness_max": 0, "averagings": self.averagings,
-                "skipped_nonfinite": self.skipped_nonfinite}
+        return ExchangeStats(skipped_nonfinite=self.skipped_nonfinite, extra={"averagings": self.averagings})
 
     def state_dict(self):
         return {"steps": self.steps, "averagings": self.averagings, "skipped_nonfinite": self.skipped_nonfinite}

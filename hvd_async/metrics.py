@@ -83,9 +83,10 @@ def evaluate_accuracy(model, dataset, rank: int, size: int, comm, device=None) -
     return int(correct) / max(1, int(total))
 
 
-def pooled_staleness(stats: dict, comm) -> np.ndarray:
-    """All workers' staleness histograms summed (count of pushes by staleness 0, 1, ...)."""
-    mine = np.asarray(stats.get("staleness_hist", [0]), dtype=np.int64)
+def pooled_staleness(stats, comm) -> np.ndarray:
+    """All workers' staleness histograms summed (count of pushes by staleness 0, 1, ...; ``stats``: an
+    :class:`~hvd_async.algorithms.base.ExchangeStats`)."""
+    mine = np.asarray(stats.staleness_hist or [0], dtype=np.int64)
     counts = comm.allreduce(mine)
     nonzero = np.nonzero(counts)[0]
     return counts[:nonzero[-1] + 1] if len(nonzero) else np.zeros(0, dtype=np.int64)
@@ -199,15 +200,17 @@ class RunMetrics:
         self.evaluations.append({"epoch": epoch, "at": round(at, 6), "train_seconds": round(train_seconds, 6),
                                  "test_accuracy": accuracy, "eval_seconds": round(seconds, 6)})
 
-    def server(self, epoch: int, *, pushes: int, seconds: float, stats: Dict, compensation=None) -> Dict[str, float]:
+    def server(self, epoch: int, *, pushes: int, seconds: float, server_ms_per_push: Optional[float] = None,
+               compensation=None) -> Dict[str, float]:
         """The parameter servers' scalars for one epoch (:data:`SERVER_TAGS`): pushes applied per
         second of this epoch's training (``pushes``: the running count, ``opt.progress()``), the
-        server's time per push, and over this epoch's pushes the compensation norms (``compensation``:
-        the strategy's running :class:`~hvd_async.algorithms.base.CompensationSums`, None where it
-        compensates nothing). Returns them, for the history."""
+        server's time per push (None: not measured), and over this epoch's pushes the compensation
+        norms (``compensation``: the strategy's running
+        :class:`~hvd_async.algorithms.base.CompensationSums`, None where it compensates nothing).
+        Returns them, for the history."""
         out = {"server_pushes_per_second": self.delta("pushes", pushes) / max(seconds, 1e-9)}
-        if "server_ms_per_push" in stats:
-            out["server_ms_per_push"] = stats["server_ms_per_push"]
+        if server_ms_per_push is not None:
+            out["server_ms_per_push"] = server_ms_per_push
         if compensation is not None:
             out.update(compensation_norms(self.delta("compensation_sq", compensation.compensation_sq),
                                           self.delta("grad_sq", compensation.grad_sq),

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from . import checkpoint, registry, runtime
-from .algorithms.base import parse_options
+from .algorithms.base import exchange_stats, parse_options
 from .horovod_options import HorovodOptions, check_supported
 from .transport.base import Transport
 from .transport.window.state import ServerState
@@ -329,9 +329,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         raise NotImplementedError("add parameter groups to the optimizer before wrapping it")
 
-    def stats(self) -> Dict[str, float]:
-        """Staleness and exchange statistics of the algorithm so far."""
-        return self.strategy.stats()
+    def stats(self) -> Dict[str, Any]:
+        """Staleness and exchange statistics of the algorithm so far, as one flat dict (the strategy's
+        :class:`~hvd_async.algorithms.base.ExchangeStats`, ``as_dict()``)."""
+        return exchange_stats(self.strategy).as_dict()
 
     def progress(self) -> int:
         """Updates made by all workers together so far, as this worker last saw it (the

@@ -11,10 +11,11 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 """
 import logging
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, cast
 
 import numpy as np
 
+from .algorithms.base import ExchangeStats, exchange_stats
 from .config import ConfigError
 from .job_process import TrainingStopped, say
 
@@ -120,7 +121,7 @@ class WorkerLoop:
             or None.
     """
 
-    stats: Dict[str, Any]  # the last epoch's opt.stats()
+    stats: ExchangeStats  # the last epoch's
 
     def __init__(self, spec, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
                  saver=None, progress=None):
@@ -155,8 +156,8 @@ class WorkerLoop:
         self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
         self.dropped: List[int] = []  # workers a --worker-timeout dropped
         self.loss_sum = torch.zeros((), device=device)  # (summed where the losses are: no host read a step)
-        self.blocked_before = self.opt.stats().get("exchange_wait_seconds")
-        self.stats, self.train_loss, self.batch_sizes = {}, None, None  # the last epoch's, for the record
+        self.blocked_before = exchange_stats(self.opt.strategy).exchange_wait_seconds
+        self.stats, self.train_loss, self.batch_sizes = ExchangeStats(), None, None  # the last epoch's, for the record
 
     def _count(self) -> int:
         """What ``--checkpoint-every N steps`` counts: the servers' updates, or this worker's steps."""
@@ -346,13 +347,13 @@ class WorkerLoop:
         acc.train_seconds += acc.epoch_seconds
         trained = acc.train_seconds
         acc.wait_total += acc.epoch_wait
-        stats = self.stats = opt.stats()
+        stats = self.stats = exchange_stats(opt.strategy)
         if not self.host.server_time:
-            stats.pop("server_ms_per_push", None)
+            stats.server_ms_per_push = None
         timing = {}
         if self.blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
             timing["exchange_blocked_ms_per_step"] = comm.allreduce(
-                1000.0 * (stats["exchange_wait_seconds"] - self.blocked_before) / steps) / workers
+                1000.0 * (cast(float, stats.exchange_wait_seconds) - self.blocked_before) / steps) / workers
         worker_loss = float(self.loss_sum) / steps
         self.train_loss = comm.allreduce(worker_loss) / workers
         losses = comm.gather(worker_loss, root=0)
@@ -363,12 +364,13 @@ class WorkerLoop:
         waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
         staleness = pooled_staleness(stats, comm)
         timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
-        self.batch_sizes = comm.gather(stats.get("batch_size", self.options.batch_size), root=0)
+        self.batch_sizes = comm.gather(self.options.batch_size if stats.batch_size is None else stats.batch_size,
+                                       root=0)
         if self.reporter:
             self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds, dropped)
             self.metrics.history[-1]["train_seconds"] = round(train_clock, 6)
         self.staleness_seen = staleness
-        self.blocked_before = stats.get("exchange_wait_seconds")
+        self.blocked_before = stats.exchange_wait_seconds
         acc.new_epoch()
         self.loss_sum.zero_()
 
@@ -399,8 +401,9 @@ class WorkerLoop:
             entry["batch_sizes"] = self.batch_sizes
             metrics.per_worker("batch_size", self.batch_sizes, epoch)
         if self.uses_servers:  # apply rate, server time per push, compensation norms (dc-asgd, lc-asgd)
-            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds, stats=self.stats,
-                                        compensation=self.opt.strategy.compensation_sums(self.stats)))
+            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds,
+                                        server_ms_per_push=self.stats.server_ms_per_push,
+                                        compensation=self.stats.compensation))
         if staleness.sum() > self.staleness_seen.sum():
             metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
         line = (f"epoch {epoch}/{options.epochs}  train loss {self.train_loss:.4f}  {options.eval_on} accuracy "
@@ -472,13 +475,13 @@ class WorkerLoop:
         worker_samples = comm.gather([acc.samples, acc.samples - acc.dropped_samples], root=0)
         total_steps = comm.allreduce(steps)
         train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
-        blocked = stats.get("exchange_wait_seconds")  # od-sgd, hpsgd, gossip, easgd
+        blocked = stats.exchange_wait_seconds
         blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
         counted = {}
-        if "dropped_pushes" in stats:  # backup-sgd: every worker's pushes its servers dropped as late
-            counted["dropped_pushes"] = stats["dropped_pushes"]
-        if "inbox_slot_waits" in stats:  # a pool of inbox slots: pushes that waited for one (all workers')
-            counted["inbox_slot_waits"] = comm.allreduce(stats["inbox_slot_waits"])
+        if stats.dropped_pushes is not None:  # every worker's pushes the servers dropped as late
+            counted["dropped_pushes"] = stats.dropped_pushes
+        if stats.inbox_slot_waits is not None:  # a pool of inbox slots: pushes that waited for one (all workers')
+            counted["inbox_slot_waits"] = comm.allreduce(stats.inbox_slot_waits)
         opt.close()
         staleness_mean, staleness_max = staleness_summary(self.staleness_seen)
         metrics = self.metrics
@@ -495,10 +498,10 @@ class WorkerLoop:
             step_wait_ms_mean=1000.0 * acc.wait_total / max(1, steps), exchange_blocked_ms_mean=blocked,
             staleness_mean=staleness_mean, staleness_max=staleness_max,
             staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,
-            dropped_workers=self.dropped, server_ms_per_push=stats.get("server_ms_per_push"),
+            dropped_workers=self.dropped, server_ms_per_push=stats.server_ms_per_push,
             updates=opt.progress() if self.uses_servers else steps * self.workers, **counted)
         record.update(self.host.finish(self))
         return metrics.finish(self.options.metrics_out, **record,
-                              **metrics.compensation(opt.strategy.compensation_sums(stats)))
+                              **metrics.compensation(stats.compensation))
 
 

@@ -132,11 +132,11 @@ class BackupSGD(MailboxStrategy):
         """This worker's pushes dropped as late (the job counts their samples as not applied)."""
         return self.dropped
 
-    def server_stats(self, rows) -> Dict:
-        """``dropped`` (this worker's pushes dropped as late) and ``dropped_pushes`` (every worker's
-        pushes the first shard dropped: each shard takes its own first pushes)."""
-        return {"dropped": self.dropped,
-                "dropped_pushes": int(window.named_sums(rows[:1], BackupProgram.sums)["dropped_pushes"])}
+    def add_server_stats(self, stats, rows) -> None:
+        """``dropped_pushes`` (every worker's pushes the first shard dropped: each shard takes its own
+        first pushes) and, in ``extra``, ``dropped`` (this worker's pushes dropped as late)."""
+        stats.dropped_pushes = int(window.named_sums(rows[:1], BackupProgram.sums)["dropped_pushes"])
+        stats.extra["dropped"] = self.dropped
 
     def state_dict(self):
         state = super().state_dict()
@@ -152,7 +152,7 @@ class BackupProgram(MailboxProgram):
     """A shard's side of backup-sgd: takes the first ``workers - backups`` pushes computed on the current
     weights, applies their mean, drops the later ones (see the module docstring)."""
 
-    sums = ("dropped_pushes",)  # the late pushes it dropped (BackupSGD.server_stats reads them)
+    sums = ("dropped_pushes",)  # the late pushes it dropped (BackupSGD.add_server_stats reads them)
 
     def __init__(self, host, options: BackupSGDOptions):
         super().__init__(host)

@@ -29,6 +29,49 @@ class CompensationSums(NamedTuple):
     pushes: int
 
 
+@dataclasses.dataclass
+class ExchangeStats:
+    """What a strategy reports of its exchange so far (:meth:`Strategy.stats`): the figures the training
+    job, its metrics file and TensorBoard read are fields (None where the algorithm has no such
+    figure); ``extra`` holds the algorithm's own, which only the metrics file and
+    ``DistributedOptimizer.stats()`` pass on."""
+
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    staleness_hist: Optional[List[int]] = None  # this worker's updates (pushes, moves) by staleness 0, 1, ...
+    pushes: Optional[int] = None  # this worker's pushes (the parameter-server family)
+    skipped_nonfinite: int = 0  # steps whose gradients held NaN or infinity, not applied
+    exchange_wait_seconds: Optional[float] = None  # step() waiting for an exchange in flight (od-sgd, hpsgd, ...)
+    server_ms_per_push: Optional[float] = None  # the server program's time per push, the busiest shard's
+    inbox_slot_waits: Optional[int] = None  # this worker's pushes that waited for an inbox slot (a pool)
+    dropped_pushes: Optional[int] = None  # every worker's pushes the servers dropped as late (backup-sgd)
+    batch_size: Optional[int] = None  # this worker's batch, where the algorithm sizes it (dbs-asgd, lb-sgd)
+    compensation: Optional[CompensationSums] = None  # the servers' compensation sums (dc-asgd, lc-asgd)
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """One flat dict: the fields that are set, the compensation's sums under their own names
+        (``server_pushes``, ``compensation_sq_sum``, ``grad_sq_sum``), then ``extra``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("compensation", "extra") and getattr(self, f.name) is not None}
+        if self.compensation is not None:
+            out.update(server_pushes=self.compensation.pushes, compensation_sq_sum=self.compensation.compensation_sq,
+                       grad_sq_sum=self.compensation.grad_sq)
+        out.update(self.extra)
+        return out
+
+
+def exchange_stats(strategy) -> "ExchangeStats":
+    """``strategy.stats()``, checked: a strategy of a plugin that still returns a dict gets one line
+    saying what to return instead."""
+    stats = strategy.stats()
+    if not isinstance(stats, ExchangeStats):
+        raise TypeError(f"{type(strategy).__name__}.stats() returned a {type(stats).__name__}; return an "
+                        f"hvd_async.algorithms.base.ExchangeStats (its fields are what the job reads, its "
+                        f"extra dict holds the algorithm's own figures)")
+    return stats
+
+
 class Strategy(abc.ABC):
     """Drives one worker's side of an algorithm. Built by :class:`hvd_async.DistributedOptimizer`.
 
@@ -43,10 +86,6 @@ class Strategy(abc.ABC):
     # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the
     # workers add their changes into the weights) or "mailbox" (the rule runs in the servers' program).
     mode: str = "accumulate"
-    # Mailbox mode: the servers answer through an outbox slot per worker (dc-asgd keeps its backups
-    # there). False: the workers read the weights window themselves, and a pull's copy comes back
-    # through an inbox slot (od-sgd).
-    keeps_outbox = True
     # The servers set each update's rate (softsync knows how many gradients an aggregate holds; backup-sgd
     # makes one whole step per update): the pushes carry the optimizer's lr unscaled by a push rate.
     scales_on_server = False
@@ -74,9 +113,11 @@ class Strategy(abc.ABC):
 
     @classmethod
     def outbox_for(cls, options) -> bool:
-        """Whether the servers keep an outbox under these options (``keeps_outbox``, unless an option
-        makes the answers the same for every worker: softsync's shared momentum)."""
-        return cls.keeps_outbox
+        """Mailbox mode: whether the servers answer through an outbox slot per worker under these
+        options (dc-asgd keeps its backups there; softsync, only where the answers differ per worker).
+        False: the workers read the weights window themselves, and a pull's copy comes back through an
+        inbox slot (od-sgd)."""
+        return True
 
     @classmethod
     def window_spec(cls, options, numel: int, servers: int, workers: int) -> WindowSpec:
@@ -190,14 +231,9 @@ class Strategy(abc.ABC):
     def check_zero_grad(self) -> None:
         """Raise if clearing gradients now would race with an exchange in flight."""
 
-    def stats(self) -> Dict[str, float]:
-        """Staleness and exchange statistics for the metrics file."""
-        return {"staleness_mean": 0.0, "staleness_max": 0}
-
-    def compensation_sums(self, stats: Dict[str, Any]) -> Optional[CompensationSums]:
-        """The compensation sums in ``stats`` (what :meth:`stats` returned), for an algorithm that
-        compensates stale gradients; None for the others."""
-        return None
+    def stats(self) -> ExchangeStats:
+        """Staleness and exchange statistics so far, for the job's metrics."""
+        return ExchangeStats(skipped_nonfinite=self.skipped_nonfinite)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"steps": self.steps}

@@ -24,7 +24,7 @@ evaluation), as the paper's per-iteration time does; the first interval after co
 reported yet count at the mean of those that have.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ import torch
 from ..checks import is_int_at_least
 from ..options import option
 from .asgd import ASGD
+from .base import ExchangeStats
 from .groups import OptionGroup, PullEvery, PushRate, WorkerLookaheadOption
 from .speed import SpeedMeter
 
@@ -161,7 +162,8 @@ class DBSASGD(ASGD):
         self.share_history = [tuple(change) for change in state["share_history"]]
         self._meter.skip_next()
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         out = super().stats()
-        out.update(batch_size=self.batch_size, speed=self.speed, global_batch=self.global_batch)
+        out.batch_size = self.batch_size
+        out.extra.update(speed=self.speed, global_batch=self.global_batch)
         return out

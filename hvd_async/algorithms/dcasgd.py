@@ -94,15 +94,11 @@ class DCASGD(MailboxStrategy):
     def server_program(cls, host):
         return DCProgram(host, cls.server_spec(host))
 
-    def server_stats(self, rows) -> Dict:
-        """``server_pushes`` and the sums over them of ``||compensated step - g||^2`` and ``||g||^2``
-        (``compensation_sq_sum``, ``grad_sq_sum``: the shards' parts add up)."""
+    def add_server_stats(self, stats, rows) -> None:
+        """The servers' pushes and the sums over them of ``||compensated step - g||^2`` and ``||g||^2``
+        (the shards' parts add up)."""
         sums = window.named_sums(rows, DCProgram.sums)
-        return {"server_pushes": rows[0]["pushes"], "compensation_sq_sum": sums["compensation_sq"],
-                "grad_sq_sum": sums["grad_sq"]}
-
-    def compensation_sums(self, stats: Dict) -> CompensationSums:
-        return CompensationSums(stats["compensation_sq_sum"], stats["grad_sq_sum"], stats["server_pushes"])
+        stats.compensation = CompensationSums(sums["compensation_sq"], sums["grad_sq"], rows[0]["pushes"])
 
 
 @dataclass(frozen=True)
@@ -119,7 +115,7 @@ class DCProgram(MailboxProgram):
 
     uses_grad_norm = True  # (the workers' stats and the push clip read it)
     Payload = DCPayload
-    sums = ("compensation_sq", "grad_sq")  # over the applied pushes (DCASGD.server_stats reads them)
+    sums = ("compensation_sq", "grad_sq")  # over the applied pushes (DCASGD.add_server_stats reads them)
 
     def __init__(self, host, options, rule=None, compensate: Optional[str] = None):
         """``rule`` and ``compensate``: a program that extends this one passes its own (lc-asgd's rule,

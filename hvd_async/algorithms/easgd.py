@@ -49,7 +49,7 @@ explore more and costs fewer exchanges. If the centre lags the workers' accuracy
 """
 import logging
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ from ..checks import is_finite_number, is_int_at_least
 from ..options import option
 from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window
-from .base import Strategy
+from .base import ExchangeStats, Strategy
 from .flat import FlatModel, local_step_if_finite
 from .ps import AccumulateProgram, load_server_state_dict, server_state_dict
 
@@ -201,11 +201,12 @@ class EASGD(Strategy):
         self.transport.barrier()  # nobody moves the centre before every worker has read it
         self.wait_seconds += self.clock() - start
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         mean, largest = window.staleness_summary(self.hist)
-        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
-                "pushes": self.moves, "elastic_moves": self.moves, "alpha": self.alpha,
-                "exchange_wait_seconds": self.wait_seconds, "skipped_nonfinite": self.skipped_nonfinite}
+        return ExchangeStats(staleness_mean=mean, staleness_max=largest, staleness_hist=self.hist.tolist(),
+                             pushes=self.moves, exchange_wait_seconds=self.wait_seconds,
+                             skipped_nonfinite=self.skipped_nonfinite,
+                             extra={"elastic_moves": self.moves, "alpha": self.alpha})
 
     def state_dict(self):
         """Counters, the worker's own weights (also while the model holds the centre) and, on worker

@@ -51,7 +51,7 @@ import torch
 from ..checks import is_finite_number, is_int_at_least
 from ..options import option
 from ..rules.mixing import pull_average_, push_sum_estimate_, push_sum_fold_, push_sum_split_
-from .base import Strategy
+from .base import ExchangeStats, Strategy
 from .peers import TOPOLOGIES, PeerSchedule
 from .flat import FlatModel, local_step_if_finite
 
@@ -275,10 +275,10 @@ class Gossip(Strategy):
         self.model.load_params()
         self.wait_seconds += self.clock() - start
 
-    def stats(self) -> Dict:
-        return {"staleness_mean": 0.0, "staleness_max": 0, "mixes": self.mixes, "mixes_held": self.held,
-                "bytes_moved": self.bytes_moved, "exchange_wait_seconds": self.wait_seconds,
-                "skipped_nonfinite": self.skipped_nonfinite, "push_sum_weight": self.mixer.weight() if self.mixer else 1.0}
+    def stats(self) -> ExchangeStats:
+        return ExchangeStats(exchange_wait_seconds=self.wait_seconds, skipped_nonfinite=self.skipped_nonfinite,
+                             extra={"mixes": self.mixes, "mixes_held": self.held, "bytes_moved": self.bytes_moved,
+                                    "push_sum_weight": self.mixer.weight() if self.mixer else 1.0})
 
     def state_dict(self):
         return {"steps": self.steps, "mixes": self.mixes, "bytes_moved": self.bytes_moved,

@@ -60,7 +60,7 @@ from ..checks import all_finite, is_finite_number, is_int_at_least
 from ..options import option
 from ..transport.base import ReduceOp
 from ..transport.window import staleness_summary
-from .base import Strategy
+from .base import ExchangeStats, Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -248,12 +248,11 @@ class HPSGD(Strategy):
         self._check_open()
         self._end_window(blocking=True)
 
-    def stats(self) -> Dict[str, float]:
+    def stats(self) -> ExchangeStats:
         mean, largest = staleness_summary(self._staleness_hist)
-        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": list(self._staleness_hist),
-                "exchanges": self.exchanges,
-                "exchange_wait_seconds": self.exchange_wait_seconds,
-                "skipped_nonfinite": self.skipped_nonfinite}
+        return ExchangeStats(staleness_mean=mean, staleness_max=largest, staleness_hist=list(self._staleness_hist),
+                             exchange_wait_seconds=self.exchange_wait_seconds,
+                             skipped_nonfinite=self.skipped_nonfinite, extra={"exchanges": self.exchanges})
 
     def state_dict(self) -> Dict[str, Any]:
         self._check_open()

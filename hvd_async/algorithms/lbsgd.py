@@ -31,7 +31,7 @@ Tuning: with a straggler whose slowness changes, lower ``every`` and ``smoothing
 follow sooner; a slowness that moves step by step is what asynchronous algorithms are for.
 """
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ..checks import is_int_at_least
 from ..options import option
 from ..sampling import LockstepCursor
 from .speed import SpeedMeter
+from .base import ExchangeStats
 from .ssgd import SSGD, SSGDOptions
 
 
@@ -194,7 +195,8 @@ class LBSGD(SSGD):
         self.size_history = [(int(step), list(sizes)) for step, sizes in state["size_history"]]
         self._meter.skip_next()
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         out = super().stats()
-        out.update(batch_size=self.batch_size, speed=self.speed, global_batch=self.global_batch)
+        out.batch_size = self.batch_size
+        out.extra.update(speed=self.speed, global_batch=self.global_batch)
         return out

@@ -57,7 +57,7 @@ from ..transport import window
 from ..transport.base import ReduceOp
 from ..checkpoint import tensors_copy
 from .aggregate import AggregateProgram
-from .base import Strategy
+from .base import ExchangeStats, Strategy
 from .flat import FlatModel, finite_grads
 from .groups import InboxSlots
 from .payload import SGDPayload, check_server_sgd, server_sgd_hyper
@@ -257,7 +257,10 @@ class ODSGD(Strategy):
     name = "od-sgd"
     Options = ODSGDOptions
     mode = "mailbox"  # (the window exchange's: the global step runs in the servers' program)
-    keeps_outbox = False  # the workers read the global step from the weights window (guarded)
+
+    @classmethod
+    def outbox_for(cls, options) -> bool:
+        return False  # the workers read the global step from the weights window (guarded)
 
     @classmethod
     def uses_servers(cls, options, registered: bool) -> bool:
@@ -371,11 +374,11 @@ class ODSGD(Strategy):
             return self.exchange.pushes
         return super().progress()
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         mean, largest = window.staleness_summary(self.hist)
-        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": self.hist.tolist(),
-                "pushes": int(self.hist.sum()), "skipped_nonfinite": self.skipped_nonfinite,
-                "exchange_wait_seconds": self.wait_seconds}
+        return ExchangeStats(staleness_mean=mean, staleness_max=largest, staleness_hist=self.hist.tolist(),
+                             pushes=int(self.hist.sum()), skipped_nonfinite=self.skipped_nonfinite,
+                             exchange_wait_seconds=self.wait_seconds)
 
     @property
     def global_w(self) -> torch.Tensor:

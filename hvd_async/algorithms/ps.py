@@ -43,7 +43,7 @@ from ..checks import all_finite, norm_if_finite
 from ..rules import Blocks, Scratch, SGDRule
 from ..rules.fused import FusedPush, Variant
 from ..transport import window
-from .base import Strategy
+from .base import ExchangeStats, Strategy
 from .flat import FlatModel, finite_grads
 from .lookahead import Lookahead
 from .payload import Payload, SGDPayload, check_server_sgd, server_sgd_hyper
@@ -154,11 +154,11 @@ class PSStrategy(Strategy):
         none is made): read the servers' count, the same on every worker."""
         self.global_pushes = int(self.transport.read_stats()[0]["pushes"])
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         pooled = self.hist.sum(axis=0)
         mean, largest = window.staleness_summary(pooled)
-        return {"staleness_mean": mean, "staleness_max": largest, "staleness_hist": pooled.tolist(), "pushes": int(self.hist[0].sum()),
-                "skipped_nonfinite": self.skipped_nonfinite}
+        return ExchangeStats(staleness_mean=mean, staleness_max=largest, staleness_hist=pooled.tolist(),
+                             pushes=int(self.hist[0].sum()), skipped_nonfinite=self.skipped_nonfinite)
 
     def state_dict(self):
         """Counters, and the servers' whole state (on worker 0): take it after ``load_global_model()``."""
@@ -234,22 +234,21 @@ class MailboxStrategy(PSStrategy):
         mailbox_snapshot(self.transport, self.model.flat, while_idle=self._settle_progress)
         self.model.load_params()
 
-    def stats(self) -> Dict:
+    def stats(self) -> ExchangeStats:
         """Adds ``server_ms_per_push``: the server program's time per push, on the busiest shard (with a
         pool of inbox slots, ``inbox_slot_waits``: this worker's pushes that waited for one), and what
-        :meth:`server_stats` reads from the servers' counters."""
+        :meth:`add_server_stats` reads from the servers' counters."""
         out = super().stats()
         rows = self.transport.read_stats()
-        out["server_ms_per_push"] = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
+        out.server_ms_per_push = max(1000.0 * row["busy_seconds"] / max(1, row["pushes"]) for row in rows)
         if self.transport.spec.pooled:  # pushes that found every inbox slot taken (--inbox-slots too few?)
-            out["inbox_slot_waits"] = self.transport.slot_waits
-        out.update(self.server_stats(rows))
+            out.inbox_slot_waits = self.transport.slot_waits
+        self.add_server_stats(out, rows)
         return out
 
-    def server_stats(self, rows: List[Dict]) -> Dict:
+    def add_server_stats(self, stats: ExchangeStats, rows: List[Dict]) -> None:
         """What the algorithm adds to :meth:`stats` from the shards' counters (``read_stats`` rows; the
         sums its program declares, by name: ``window.named_sums``)."""
-        return {}
 
 
 

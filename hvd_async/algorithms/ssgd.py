@@ -310,11 +310,6 @@ class SSGD(Strategy):
         grads = [p.grad for _, p in self.named_parameters if p.grad is not None]
         return all_finite(grads)
 
-    def stats(self):
-        out = super().stats()
-        out["skipped_nonfinite"] = self.skipped_nonfinite
-        return out
-
     def state_dict(self):
         return {"steps": self.steps, "skipped_nonfinite": self.skipped_nonfinite}
 

@@ -61,7 +61,7 @@ def main():
     expected = sum(comm.allgather(mine)) / ha.size()
     opt.load_global_model()
     assert torch.allclose(weights(), expected, atol=1e-6), "load_global_model is not the workers' average"
-    assert opt.strategy.stats()["averagings"] == 3 + 1
+    assert opt.stats()["averagings"] == 3 + 1 and opt.strategy.stats().extra["averagings"] == 3 + 1
     if ha.rank() == 0:
         print("PLUGIN CHECKS OK", flush=True)
 
