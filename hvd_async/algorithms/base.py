@@ -33,8 +33,8 @@ class CompensationSums(NamedTuple):
 class ExchangeStats:
     """What a strategy reports of its exchange so far (:meth:`Strategy.stats`): the figures the training
     job, its metrics file and TensorBoard read are fields (None where the algorithm has no such
-    figure); ``extra`` holds the algorithm's own, which only the metrics file and
-    ``DistributedOptimizer.stats()`` pass on."""
+    figure); ``extra`` holds the algorithm's own, which ``DistributedOptimizer.stats()`` passes on to
+    the user (the job reads none of them)."""
 
     staleness_mean: float = 0.0
     staleness_max: int = 0
