@@ -12,9 +12,9 @@ from ..options import option
 from ..rules import DCRule
 from ..rules.fused import FusedPush, Variant
 from ..transport import window
+from .base import CompensationSums
 from .compensation import Compensation, PushClip, PushClipOption, ServerKernelOption
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
-from .base import CompensationSums
 from .payload import SGDPayload
 from .ps import Lookahead, MailboxProgram, MailboxStrategy
 

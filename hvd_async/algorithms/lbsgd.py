@@ -38,8 +38,8 @@ import numpy as np
 from ..checks import is_int_at_least
 from ..options import option
 from ..sampling import LockstepCursor
-from .speed import SpeedMeter
 from .base import ExchangeStats
+from .speed import SpeedMeter
 from .ssgd import SSGD, SSGDOptions
 
 

@@ -21,8 +21,8 @@ Two exchanges, the same arithmetic:
 
 - ``exchange="window"`` (default): the parameter servers hold ``w_g`` in MPI windows; each worker puts
   ``g_m(t)`` into its inbox slot and the servers apply the global step once every active worker's
-  gradient is in (``aggregate.AggregateProgram`` over every worker, unscaled); each worker reads ``w_g(t+1)`` from the
-  weights window. With ``--worker-timeout`` the servers may apply the next global step without a
+  gradient is in (``aggregate.AggregateProgram`` over every worker, unscaled); each worker reads
+  ``w_g(t+1)`` from the weights window. With ``--worker-timeout`` the servers may apply the next global step without a
   worker that is still reading this one: each global step is written under
   ``ShardHost.writing_weights`` and read with ``pull(guarded=True)``, which takes a snapshot from
   the server instead when a write overlapped the read (``transport.overlapped_reads`` counts them).

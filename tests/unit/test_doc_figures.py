@@ -410,12 +410,16 @@ def readme_transient():
             f"synchronous baseline: {said} ({_records(cells)})")
 
 
+def _seconds(t) -> str:
+    """A median time to target in a sentence: "12.3 s", or "never"."""
+    return "never" if t is None else f"{t:.1f} s"
+
+
 def readme_steady():
     cells = _v2_cells("steady")
-    seconds = lambda t: "never" if t is None else f"{t:.1f} s"  # noqa: E731
     said = "; ".join(f"at {c['workers']} workers {c['best']}{'' if c['accurate'] else ' (which failed criterion (a))'} "
-                     f"took {seconds(c['best_t'])}, against ssgd's {seconds(c['against']['ssgd'])}, lb-sgd's "
-                     f"{seconds(c['against']['lb-sgd'])} and ssgd-loo's {seconds(c['against']['ssgd-loo'])} "
+                     f"took {_seconds(c['best_t'])}, against ssgd's {_seconds(c['against']['ssgd'])}, lb-sgd's "
+                     f"{_seconds(c['against']['lb-sgd'])} and ssgd-loo's {_seconds(c['against']['ssgd-loo'])} "
                      f"(medians): (b1) {c['verdict']}" for c in cells)
     return (f"With worker 0's device time 3x the others' for the whole run (80 ms of emulated accelerator "
             f"time; Fashion-MNIST, LeNet, one epoch, seeds 201-205), the protocol asked the fastest asynchronous "
@@ -467,7 +471,6 @@ def guide_simulator_extrapolation():
     real = {cell: record(page.v2_record(cell))["table"][cell] for cell in page.V2_CELLS}
     found = page.agreeing(real, record(page.V2_AGREEMENT)["table"])
     table = record(page.V2_EXTRAPOLATION)["table"]
-    seconds = lambda t: "never" if t is None else f"{t:.1f} s"  # noqa: E731
     said = []
     for kind, what in (("-transient", "transient stragglers"), ("-steady", "a steady straggler")):
         cells = []
@@ -477,8 +480,8 @@ def guide_simulator_extrapolation():
             verdict = {True: "passed", False: "failed", None: "not judged"}[entry["passes"]]
             if entry.get("unagreed"):
                 verdict += f" ({', '.join(entry['unagreed'])} not shown to agree)"
-            against = ", ".join(f"{a} {seconds(v['median'])}" for a, v in entry["against"].items())
-            cells.append(f"at {workers} {entry['best']} {seconds(entry['best_median'])} against {against}: "
+            against = ", ".join(f"{a} {_seconds(v['median'])}" for a, v in entry["against"].items())
+            cells.append(f"at {workers} {entry['best']} {_seconds(entry['best_median'])} against {against}: "
                          f"({entry['criterion']}) {verdict}")
         said.append(f"with {what}, " + "; ".join(cells))
     accuracy = ", ".join(f"{100 * table[f'fmnist-v2-{w}']['ssgd_mean']:.2f}% at {w}" for w in (16, 32, 64))
