@@ -119,7 +119,7 @@ class Traffic(TorchDispatchMode):
 
 def make_program(algo: str, numel: int):
     name = algo.split(":")[0]
-    cls = registry.strategy_class(name)
+    cls = registry.algorithm(name)
     options = parse_options(cls.Options, name, dict(PROGRAMS[algo]))
     cls.resolve_options(options, WORKERS)
     host = SimShardHost(cls.window_spec(options, numel, 1, WORKERS), 0, cls.server_program)

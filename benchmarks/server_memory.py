@@ -48,7 +48,7 @@ def algorithm_options(algo: str, inbox_slots, shared_momentum: bool = False) -> 
 
     from hvd_async import registry
 
-    cls = registry.strategy_class(algo).Options
+    cls = registry.algorithm(algo).Options
     options = dict(OPTIONS.get(algo, {}))
     names = {f.name for f in fields(cls)}
     if inbox_slots is not None and "inbox_slots" in names:

@@ -23,7 +23,9 @@ The pieces a plugin supplies: an options dataclass whose fields are declared wit
 YAML presets; ``__post_init__`` checks the values, once, for the Python API and the command line
 alike), and a strategy: a subclass of ``hvd_async.algorithms.base.Strategy`` that talks to the
 transport it is given (Horovod's collectives here; the simulator gives a simulated one) and never
-to MPI directly.
+to MPI directly; ``register_algorithm`` names the two together. (One that needs a hook of its own, a
+transport or server program of its own, registers an ``hvd_async.algorithms.algorithm.Algorithm``
+subclass instead: ``examples/staleness_asgd.py``.)
 """
 from dataclasses import dataclass
 
@@ -53,8 +55,6 @@ class LocalSGD(Strategy):
     weights are replaced by their average. A step whose gradients hold NaN or infinity is skipped
     (counted in ``stats()['skipped_nonfinite']``) and still counts towards the period, so that every
     worker joins each averaging at the same step."""
-
-    Options = LocalSGDOptions
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -103,7 +103,7 @@ class LocalSGD(Strategy):
 
 
 def register() -> None:
-    hvd_async.register_algorithm(NAME, LocalSGD, summary="local SGD: local steps, the weights averaged "
+    hvd_async.register_algorithm(NAME, LocalSGD, options=LocalSGDOptions, summary="local SGD: local steps, the weights averaged "
                                  "every --local-sgd-period steps (an example plugin)",
                                  paper="Stich, ICLR 2019; Lin et al., ICLR 2020", uses_servers=False)
 

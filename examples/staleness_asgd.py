@@ -15,14 +15,15 @@ Importing this file registers the algorithm ``staleness-asgd``; nothing inside `
 The pieces a server-side plugin supplies, all from the parameter-server family's public modules:
 its options (here only the family's push-rate group), a strategy (``MailboxStrategy``: the worker
 pushes its gradient with the wrapped SGD's hyperparameters as an ``SGDPayload`` and loads the weights
-the server answers with) and a server program (``MailboxProgram``: snapshots, idle/resume and the
-non-finite check come with it; ``on_push`` is the rule).
+the server answers with), a server program (``MailboxProgram``: snapshots, idle/resume and the
+non-finite check come with it; ``on_push`` is the rule) and the declaration that names the three
+(``MailboxAlgorithm``: the wrapped optimizer checked to be SGD, the options sent to the servers).
 """
 from dataclasses import dataclass
 
 import hvd_async
 from hvd_async.algorithms.groups import PushRate
-from hvd_async.algorithms.ps import MailboxProgram, MailboxStrategy
+from hvd_async.algorithms.ps import MailboxAlgorithm, MailboxProgram, MailboxStrategy
 from hvd_async.transport import window as W
 
 NAME = "staleness-asgd"
@@ -63,7 +64,12 @@ class StalenessASGD(MailboxStrategy):
                                              algorithm="staleness-asgd")
     """
 
+
+class StalenessASGDAlgorithm(MailboxAlgorithm):
+    """The declaration: its options, its strategy, its servers' program."""
+
     Options = StalenessASGDOptions
+    strategy = StalenessASGD
 
     @classmethod
     def server_program(cls, host):
@@ -71,7 +77,7 @@ class StalenessASGD(MailboxStrategy):
 
 
 def register() -> None:
-    hvd_async.register_algorithm(NAME, StalenessASGD, summary="asgd with each push's rate divided by its "
+    hvd_async.register_algorithm(NAME, StalenessASGDAlgorithm, summary="asgd with each push's rate divided by its "
                                  "staleness, on the servers", paper="Zhang, Gupta, Lian, Liu, IJCAI 2016",
                                  uses_servers=True)
 

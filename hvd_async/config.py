@@ -127,7 +127,7 @@ def build_parser(prog: str = "hvd-async train", *, launcher: bool = True, suppre
                             LaunchOptions, suppress_defaults=suppress_defaults)
     taken = {opt for action in p._actions for opt in action.option_strings}
     try:
-        options.add_flags(p, registry.strategies(), suppress_defaults=suppress_defaults, taken=taken)
+        options.add_flags(p, registry.algorithms(), suppress_defaults=suppress_defaults, taken=taken)
     except ValueError as exc:  # a plugin's flag clashes with another
         raise ConfigError(str(exc)) from None
     return p
@@ -331,7 +331,7 @@ def launch_options(args: argparse.Namespace, spec: JobSpec) -> LaunchOptions:
 
 def given_flags(args: argparse.Namespace) -> str:
     """The algorithm's flags whose values differ from its defaults, as typed (for error messages)."""
-    options_cls = registry.strategy_class(args.algo).Options
+    options_cls = registry.algorithm(args.algo).Options
     given = options.from_args(options_cls, args)
     return " ".join(f"{how.flag} {getattr(args, cast(str, how.dest))}" for field, how in options.declared(options_cls)
                     if how.flag and field.name in given and given[field.name] != field.default
@@ -341,14 +341,14 @@ def given_flags(args: argparse.Namespace) -> str:
 def algorithm_options(args: argparse.Namespace) -> Dict:
     """The keyword options of DistributedOptimizer that the job's flags set (those left unset are left
     out: the algorithm's own defaults apply)."""
-    return options.from_args(registry.strategy_class(args.algo).Options, args)
+    return options.from_args(registry.algorithm(args.algo).Options, args)
 
 
 def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None:
-    """The checks of the algorithm's options that need the job's other values (its strategy's
+    """The checks of the algorithm's options that need the job's other values (its declaration's
     ``check_for_job``), then the options as its options dataclass checks them (the one place their
     ranges are written); the error under the flag's name."""
-    cls, given = registry.strategy_class(spec.algo), spec.algorithm
+    cls, given = registry.algorithm(spec.algo), spec.algorithm
     _refuse_meaningless_flags(args, spec, cls)
     try:
         # first: its messages name the job's values
@@ -365,7 +365,7 @@ def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> N
     where the exchange's order is not the allreduce's."""
     own = {how.flag for _, how in options.declared(cls.Options)}
     users: Dict[str, List[str]] = {}
-    for name, other in registry.strategies().items():
+    for name, other in registry.algorithms().items():
         for _, how in options.declared(other.Options):
             if how.flag and how.flag not in own:
                 users.setdefault(how.flag, []).append(name)
@@ -379,7 +379,7 @@ def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> N
         raise ConfigError(f"{shown} has no meaning under {spec.algo}; it works with: {', '.join(sorted(names))} "
                           f"(leave it out here)")
     servers = registry.uses_servers(spec.algo, spec.algorithm)
-    if spec.job.deterministic and (servers or cls.peer_windows):
+    if spec.job.deterministic and (servers or registry.get(spec.algo).peer_windows):
         raise ConfigError(f"--deterministic has no meaning under {spec.algo}: the order in which the workers' "
                           f"{'pushes reach the servers' if servers else 'models reach their peers'} changes "
                           f"from run to run, and no flag fixes it; it fixes the allreduce's order under: "

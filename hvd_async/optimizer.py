@@ -27,17 +27,17 @@ _WRAPPER_OPTIONS = ("backward_passes_per_step", "sparse_as_dense")
 _HOROVOD_FIELDS = tuple(f.name for f in dataclasses.fields(HorovodOptions))
 
 
-def _supported(strategy_cls) -> set:
-    """The Horovod options that mean something under ``strategy_cls``: the wrapper's, and those its
-    options dataclass declares."""
-    return set(_WRAPPER_OPTIONS) | {f.name for f in dataclasses.fields(strategy_cls.Options)}
+def _supported(declaration) -> set:
+    """The Horovod options that mean something under an algorithm's ``declaration``: the wrapper's, and
+    those its options dataclass declares."""
+    return set(_WRAPPER_OPTIONS) | {f.name for f in dataclasses.fields(declaration.Options)}
 
 
 def _where_supported() -> Dict[str, List[str]]:
     """Each Horovod option -> the algorithms that give it a meaning (for the error messages)."""
     table: Dict[str, List[str]] = {name: [] for name in _HOROVOD_FIELDS}
     for algorithm in registry.names():
-        for name in _supported(registry.strategy_class(algorithm)) & set(table):
+        for name in _supported(registry.algorithm(algorithm)) & set(table):
             table[name].append(algorithm)
     return table
 
@@ -200,18 +200,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if transport is not None and not isinstance(transport, Transport):
             raise TypeError(f"transport must be a hvd_async.transport.Transport, got "
                             f"{type(transport).__name__}; leave it out to use the algorithm's own")
-        strategy_cls = registry.strategy_class(algorithm)
+        declaration = registry.algorithm(algorithm)
         hvd_options = HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor,
                                      num_groups, groups, sparse_as_dense, process_set)
-        supported = _supported(strategy_cls)
+        supported = _supported(declaration)
         check_supported(algorithm, supported, hvd_options, _where_supported())
-        declared = {f.name for f in dataclasses.fields(strategy_cls.Options)}
+        declared = {f.name for f in dataclasses.fields(declaration.Options)}
         for name, value in hvd_options.non_default().items():  # to the strategy, where it declares them
             if name in declared:
                 options.setdefault(name, value)
-        parsed = parse_options(strategy_cls.Options, algorithm, options)
+        parsed = parse_options(declaration.Options, algorithm, options)
         named = _exchanged(_named_parameters(optimizer, named_parameters))
-        strategy_cls.check_optimizer(optimizer)
+        declaration.check_optimizer(optimizer)
         if transport is not None and comms is not None:
             raise TypeError("give transport (one built already) or comms (what the algorithm's own is opened "
                             "over), not both")
@@ -226,16 +226,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if model_checked_first:
             _check_same_model(named, comms.group.allgather)
         if own_transport:
-            transport = strategy_cls.make_transport(named, parsed, comms)
+            transport = declaration.make_transport(named, parsed, comms)
         if not model_checked_first:
             _check_same_model(named, transport.allgather_object)
         self.optimizer = optimizer
         self.algorithm = algorithm
+        self._declaration = declaration
         self.horovod_options = hvd_options
         self._parameter_names = {p: name for name, p in named}  # Horovod's attribute, same meaning
         self._begun = False
         try:
-            self.strategy = strategy_cls(optimizer, named, transport, parsed)
+            self.strategy = declaration.strategy(optimizer, named, transport, parsed)
+            self.strategy.name = algorithm  # (for its messages)
         except BaseException:
             # Not closed here: closing waits for the other workers, which built theirs and wait for
             # this one at the first step; the error goes up first (uncaught, it ends the job with its
@@ -288,7 +290,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if loss is not None:  # (a loss that requires grad is read detached, as the caller's own .item())
             self.strategy.reported_loss = float(loss.detach() if torch.is_tensor(loss) else loss)
         result = self.strategy.step(closure)
-        if not self.strategy.runs_user_optimizer:
+        if not self._declaration.runs_user_optimizer:
             _stepped_on_the_servers(self.optimizer)
         return result
 
@@ -344,7 +346,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         own state (counters, server shards) is :meth:`algorithm_state_dict`: where the update runs on
         the servers (dc-asgd, lc-asgd, softsync, od-sgd, backup-sgd) the first call warns once, unless
         that was taken first, since a Horovod-style checkpoint of this alone would not resume them."""
-        if not (self.strategy.runs_user_optimizer or self._algorithm_state_taken or self._state_warned
+        if not (self._declaration.runs_user_optimizer or self._algorithm_state_taken or self._state_warned
                 or _called_by_horovod_state_broadcast()):
             self._state_warned = True
             warnings.warn(f"opt.state_dict() under {self.algorithm} holds the wrapped optimizer's settings only: "

@@ -83,16 +83,16 @@ def _parsed_type(options_cls, field: dataclasses.Field, how: Flag):
     return hint if hint in (int, float, str) else str
 
 
-def add_flags(parser: argparse.ArgumentParser, strategies: Dict[str, Any], *, suppress_defaults: bool,
+def add_flags(parser: argparse.ArgumentParser, algorithms: Dict[str, Any], *, suppress_defaults: bool,
               taken: Optional[set] = None) -> None:
-    """Add every declared flag of ``strategies`` (algorithm name -> strategy class) to ``parser``, one
+    """Add every declared flag of ``algorithms`` (name -> declaration, with its ``Options``) to ``parser``, one
     option per flag. Its help names the algorithms that declare it, before each of their help texts
     where these differ (``asgd, dbs-asgd: ... / dc-asgd, lc-asgd, softsync: ...``), so no help text
     lists algorithms by hand; where their defaults differ the flag's default is None and the help
     lists each algorithm's."""
     by_flag: Dict[str, List[Tuple[str, type, dataclasses.Field, Flag]]] = {}
-    for name, cls in strategies.items():
-        options_cls = cls.Options  # (a Strategy's: None where it takes no options)
+    for name, cls in algorithms.items():
+        options_cls = cls.Options
         for field, how in declared(options_cls):
             if how.flag is not None:
                 by_flag.setdefault(how.flag, []).append((name, options_cls, field, how))

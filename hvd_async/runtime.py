@@ -379,8 +379,8 @@ def serve(*, poll_interval: float = 0.0005, spin_seconds: float = 0.05,
 
 class Comms(NamedTuple):
     """The communicators a worker's transports run over, handed to the algorithm's factory
-    (``make_transport``), and the carrier that opens each kind of transport over them: the strategies
-    say which transport they need (``windows``, ``peers``, ``collectives``), the carrier builds it. Here
+    (its declaration's ``make_transport``), and the carrier that opens each kind of transport over them:
+    the declarations say which transport they need (``windows``, ``peers``, ``collectives``), the carrier builds it. Here
     MPI and Horovod; the simulator passes a stand-in with the same three methods
     (:class:`hvd_async.sim.job.SimComms`), so the job and the simulator share one factory."""
 

@@ -49,7 +49,7 @@ def _open_shard(ctrl, win_comm, source: int):
 
     spec = ctrl.recv(source=source, tag=TAG_OPEN)
     comm = win_comm.Dup()
-    program = registry.strategy_class(spec.algorithm).server_program
+    program = registry.algorithm(spec.algorithm).server_program
     # a push applied on the threads serve() gave this rank (torch's: its slices on as many lanes)
     host = ShardHost(comm, spec, ctrl.rank, program, threads=torch.get_num_threads())
     logger.info("hosting shard %d of %s: %d of %d parameters, %d workers", ctrl.rank, spec.algorithm,

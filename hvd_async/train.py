@@ -120,7 +120,7 @@ def job_sgd(spec, params, device):
     from . import registry
 
     job = spec.job
-    fused = {"fused": True} if device.type == "cuda" and registry.strategy_class(spec.algo).fused_sgd else {}
+    fused = {"fused": True} if device.type == "cuda" and registry.algorithm(spec.algo).fused_sgd else {}
     return torch.optim.SGD(params, lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay, **fused)
 
 

@@ -76,7 +76,7 @@ def render_guide() -> str:
 
     def table(match):
         name = match.group(2)
-        cls = registry.strategy_class(name)
+        cls = registry.algorithm(name)
         return f"{match.group(1)}{options.markdown_table(cls.Options)}\n{match.group(3)}"
 
     return BLOCK.sub(table, open(GUIDE).read())

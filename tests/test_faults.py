@@ -62,5 +62,5 @@ def test_a_frozen_layer_stays_bit_for_bit(algo):
     for line in lines:
         assert "frozen_same=True" in line and "head_moved=True" in line, line
         # opt.state_dict() alone would not resume the servers' state: said once, where there is any
-        warned = not registry.strategy_class(algo).runs_user_optimizer  # its rule's state is on the servers
+        warned = not registry.algorithm(algo).runs_user_optimizer  # its rule's state is on the servers
         assert f"state_warnings={int(warned)}" in line, line

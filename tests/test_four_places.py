@@ -18,7 +18,7 @@ MODULE = '''"""toy-asgd: asgd under another name with one option of its own (tes
 from dataclasses import dataclass
 
 from ..options import option
-from .asgd import ASGD, ASGDOptions
+from .asgd import ASGDAlgorithm, ASGDOptions
 
 
 @dataclass
@@ -31,15 +31,14 @@ class ToyASGDOptions(ASGDOptions):
             raise ValueError(f"toy_knob must be an integer >= 1, got {self.toy_knob!r}")
 
 
-class ToyASGD(ASGD):
-    """asgd, registered under another name."""
+class ToyASGDAlgorithm(ASGDAlgorithm):
+    """asgd's strategy and windows, its own options."""
 
-    name = "toy-asgd"
-    Options: type = ToyASGDOptions
+    Options = ToyASGDOptions
 '''
 
 ROW = '''    AlgorithmInfo("toy-asgd", "asgd under another name (a test's throw-away algorithm)",
-                  "none", True, "hvd_async.algorithms.toy:ToyASGD"),
+                  "none", True, "hvd_async.algorithms.toy:ToyASGDAlgorithm"),
 '''
 
 PRESET = '''# toy-asgd: asgd under another name (tests/test_four_places.py)

@@ -1,6 +1,7 @@
 """An algorithm added from outside the package (issue 18): examples/local_sgd.py registers local SGD,
 and it runs in DistributedOptimizer, ``hvd-async train --algo`` (flags and a YAML preset), and the
 simulator, with no line of hvd_async/ naming it."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 from procs import ROOT, mpirun, python, run
 
 from hvd_async import config, registry
+from hvd_async.algorithms.algorithm import Algorithm
 from hvd_async.algorithms.base import Strategy
 from hvd_async.sim import simulate
 from hvd_async.train import TrainingStopped
@@ -91,10 +93,20 @@ def test_register_refuses_what_it_cannot_run():
         def step(self, closure=None):
             return None
 
+    @dataclasses.dataclass
+    class Empty:
+        pass
+
     with pytest.raises(ValueError, match="'asgd' is taken"):
-        registry.register("asgd", type("Mine", (NoOptions,), {"Options": object}), summary="x")
-    with pytest.raises(TypeError, match="needs an Options dataclass"):
+        registry.register("asgd", NoOptions, options=Empty, summary="x")
+    with pytest.raises(ValueError, match="'asgd' is taken"):
+        registry.register("asgd", type("Mine", (Algorithm,), {"Options": Empty, "strategy": NoOptions}), summary="x")
+    with pytest.raises(TypeError, match="give its options dataclass as options="):
         registry.register("mine", NoOptions, summary="x")
-    with pytest.raises(TypeError, match="must be a subclass of"):
+    with pytest.raises(TypeError, match=r"Options must be a dataclass"):
+        registry.register("mine", NoOptions, options=object, summary="x")
+    with pytest.raises(TypeError, match=r"MineAlgorithm\.strategy must be a subclass of .*Strategy"):
+        registry.register("mine", type("MineAlgorithm", (Algorithm,), {"Options": Empty, "strategy": dict}), summary="x")
+    with pytest.raises(TypeError, match="give a subclass of hvd_async.algorithms.algorithm.Algorithm"):
         registry.register("mine", dict, summary="x")
     assert "mine" not in registry.names()

@@ -51,7 +51,7 @@ def departures(path) -> list:
     """Where a preset's values differ from what it claims to be: the algorithm's declared option defaults
     (its Options dataclass, read through the registry) and the job's defaults for its dataset."""
     spec = config.validate(config.parse(["--config", path]))
-    options_cls = registry.strategy_class(spec.algo).Options
+    options_cls = registry.algorithm(spec.algo).Options
     defaults = {field.name: field.default for field in dataclasses.fields(options_cls)}
     declared = {field.name: how for field, how in options.declared(options_cls)}
     found = [f"{_name(path)}: {declared[name].flag} is {value!r}, the declared default is {defaults[name]!r}"

@@ -1,11 +1,12 @@
 """asgd: each worker's optimizer step pushed as a delta, added atomically into the global weights
 on the servers' windows (``MPI_Accumulate``); the servers do no arithmetic."""
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .groups import PullEvery, PushRate, WorkerLookaheadOption
-from .ps import AccumulateProgram, PSStrategy
+from .ps import PSAlgorithm, PSStrategy
 
 
 @dataclass
@@ -44,11 +45,6 @@ class ASGD(PSStrategy):
         push_rate: ``'average'`` (default) or ``'full'``, as above.
         lookahead: carry the pulled weights on by the momentum, as above (default True).
     """
-
-    name = "asgd"
-    Options: type = ASGDOptions  # a subclass declares its own
-    mode = "accumulate"
-    replayable = True
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -118,9 +114,13 @@ class ASGD(PSStrategy):
         super().load_state_dict(state)
         self._previous = self.model.flat.clone() if state.get("lookahead_pulled") else None
 
-    @classmethod
-    def server_program(cls, host):
-        return AccumulateProgram(host)
+
+
+class ASGDAlgorithm(PSAlgorithm):
+    """asgd's declaration: the workers' accumulates land by themselves on the servers."""
+
+    Options: ClassVar[type] = ASGDOptions
+    strategy: ClassVar[type] = ASGD
 
 
 def _momentum(group) -> float:

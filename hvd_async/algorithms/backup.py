@@ -34,7 +34,7 @@ from ..rules.fused import FusedPush, Variant
 from ..transport import window
 from .compensation import ServerKernelOption
 from .groups import COMPRESSION_DEFAULT, Compression, InboxSlots, OptionGroup
-from .ps import MailboxProgram, MailboxStrategy
+from .ps import MailboxAlgorithm, MailboxProgram, MailboxStrategy
 
 
 @dataclass
@@ -95,30 +95,12 @@ class BackupSGD(MailboxStrategy):
     every time is slower than the rest by more than a step: more backups do not help it, fixing it does.
     """
 
-    name = "backup-sgd"
-    Options = BackupSGDOptions
     scales_on_server = True  # an update is one whole step of lr, whatever the number of gradients in it
 
     def __init__(self, optimizer, named_parameters, transport, options):
-        self.resolve_options(options, transport.size)  # (a transport given by the caller)
+        BackupSGDAlgorithm.resolve_options(options, transport.size)  # (a transport given by the caller)
         super().__init__(optimizer, named_parameters, transport, options)
         self.dropped = 0
-
-    @classmethod
-    def resolve_options(cls, options, workers: int) -> None:
-        if options.backups is None:
-            options.backups = min(1, workers - 1)
-        check_backups(options.backups, workers)
-
-    @classmethod
-    def check_for_job(cls, given, *, workers, lr: float) -> None:
-        backups = given.get("backups")
-        if isinstance(backups, int) and workers is not None:
-            check_backups(backups, workers)
-
-    @classmethod
-    def server_program(cls, host):
-        return BackupProgram(host, cls.server_spec(host))
 
     def _count(self, answers) -> None:
         status = answers.rows[:, window.R_STATUS]
@@ -146,6 +128,29 @@ class BackupSGD(MailboxStrategy):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.dropped = int(state["dropped"])
+
+
+class BackupSGDAlgorithm(MailboxAlgorithm):
+    """backup-sgd's declaration: ``backups`` resolved from the workers, its program."""
+
+    Options = BackupSGDOptions
+    strategy = BackupSGD
+
+    @classmethod
+    def resolve_options(cls, options, workers: int) -> None:
+        if options.backups is None:
+            options.backups = min(1, workers - 1)
+        check_backups(options.backups, workers)
+
+    @classmethod
+    def check_for_job(cls, given, *, workers, lr: float) -> None:
+        backups = given.get("backups")
+        if isinstance(backups, int) and workers is not None:
+            check_backups(backups, workers)
+
+    @classmethod
+    def server_program(cls, host):
+        return BackupProgram(host, cls.server_spec(host))
 
 
 class BackupProgram(MailboxProgram):

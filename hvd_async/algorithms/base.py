@@ -6,8 +6,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from ..transport.window.layout import WindowSpec
-from .groups import Compression, InboxSlots
 
 
 def parse_options(options_cls, algorithm: str, options: Dict[str, Any]):
@@ -73,28 +71,13 @@ def exchange_stats(strategy) -> "ExchangeStats":
 
 
 class Strategy(abc.ABC):
-    """Drives one worker's side of an algorithm. Built by :class:`hvd_async.DistributedOptimizer`.
-
-    Subclasses declare ``Options`` (a dataclass that validates itself in ``__post_init__``) and
-    implement ``step``. They talk to a transport, never to MPI directly.
+    """Drives one worker's side of an algorithm. Built by :class:`hvd_async.DistributedOptimizer` from
+    the algorithm's declaration (:class:`hvd_async.algorithms.algorithm.Algorithm`: its options, its
+    transport, its servers' program), it talks to that transport, never to MPI directly; subclasses
+    implement ``step`` and the hooks below whose defaults do not fit them.
     """
 
-    name: str = "strategy"
-    Options: Optional[type] = None
-    # exchanges through one-sided windows among the workers (read by the simulator and by --deterministic)
-    peer_windows = False
-    # Where the algorithm keeps global weights on server ranks, how its windows work: "accumulate" (the
-    # workers add their changes into the weights) or "mailbox" (the rule runs in the servers' program).
-    mode: str = "accumulate"
-    # The servers set each update's rate (softsync knows how many gradients an aggregate holds; backup-sgd
-    # makes one whole step per update): the pushes carry the optimizer's lr unscaled by a push rate.
-    scales_on_server = False
-    # Each push is one update, applied where it lands, so ``simulate --replay`` can follow the order of a
-    # recorded run.
-    replayable = False
-    # The job may build its SGD with ``fused=True`` on CUDA (ssgd: the fused kernel skips a non-finite
-    # step itself, so nothing is read on the host).
-    fused_sgd = False
+    name: str = "strategy"  # the registry's name for the algorithm (DistributedOptimizer sets it on each)
     # Steps whose gradients held NaN or infinity and were therefore not applied, counted by the strategy
     # (``self.skipped_nonfinite += 1``): the training job stops after ``--max-nonfinite`` in a row.
     skipped_nonfinite: int = 0
@@ -110,70 +93,7 @@ class Strategy(abc.ABC):
         self.options = options
         self.steps = 0
         self.reported_loss = None  # the mini-batch loss given to the next step() (lc-asgd sends it)
-
-    @classmethod
-    def outbox_for(cls, options) -> bool:
-        """Mailbox mode: whether the servers answer through an outbox slot per worker under these
-        options (dc-asgd keeps its backups there; softsync, only where the answers differ per worker).
-        False: the workers read the weights window themselves, and a pull's copy comes back through an
-        inbox slot (od-sgd)."""
-        return True
-
-    @classmethod
-    def window_spec(cls, options, numel: int, servers: int, workers: int) -> WindowSpec:
-        """The servers' windows for this algorithm under ``options`` (resolved, see
-        :meth:`resolve_options`): the one place that decides their server options, wire format,
-        inbox slots and outbox, for the job's transport, the simulator and the benchmarks alike."""
-        return WindowSpec(cls.name, cls.mode, int(numel), servers, workers, cls.server_options(options),
-                          options.wire() if isinstance(options, Compression) else "fp32",
-                          options.slots(workers) if isinstance(options, InboxSlots) else 0, cls.outbox_for(options))
-
-    @classmethod
-    def check_optimizer(cls, optimizer) -> None:
-        """Raise if this algorithm cannot run with ``optimizer`` (called before any exchange opens)."""
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        """The transport this algorithm uses when the caller gives none (Horovod collectives), opened by
-        ``comms`` (:class:`hvd_async.runtime.Comms`, or the simulator's stand-in)."""
-        return comms.collectives()
-
-    @classmethod
-    def server_program(cls, host):
-        """What the server ranks run for this algorithm (parameter-server algorithms only)."""
-        raise RuntimeError(f"algorithm {cls.name!r} uses no parameter server")
-
-    # What the training job and the simulator ask of an algorithm, beyond step(): hooks with defaults,
-    # so that neither tests an algorithm by name.
-
-    @classmethod
-    def uses_servers(cls, options: Dict[str, Any], registered: bool) -> bool:
-        """Whether a job with these keyword ``options`` needs server ranks (default: what the
-        algorithm was registered with; od-sgd's allreduce exchange needs none)."""
-        return registered
-
-    @classmethod
-    def simulated(cls, options: Dict[str, Any]) -> bool:
-        """Whether ``hvd-async simulate`` can run it with these keyword options: it runs the strategy
-        over simulated transports on one thread, so an exchange with a thread of its own cannot."""
-        return True
-
-    @classmethod
-    def resolve_options(cls, options, workers: int) -> None:
-        """Fill in the options' defaults that depend on the number of workers (softsync's n), in
-        place, before any server is asked to open anything."""
-
-    @classmethod
-    def check_for_job(cls, given: Dict[str, Any], *, workers: Optional[int], lr: float) -> None:
-        """The checks of ``hvd-async train`` and ``simulate`` that need the job's other values
-        (``workers``: None where not known yet), on the keyword options its flags set, before the
-        options dataclass checks them: a ValueError whose message starts with the option's name and
-        its value (the command line shows the flag instead of the name)."""
-
-    @classmethod
-    def server_options(cls, options) -> Dict[str, Any]:
-        """What the server ranks' program needs of the options (parameter-server algorithms)."""
-        return {}
+        self._should_synchronize = True  # False inside skip_synchronize()
 
     def batch_cursor(self):
         """``n -> first index`` of a fetch-and-add over the epoch's samples shared by all workers, where
@@ -207,8 +127,6 @@ class Strategy(abc.ABC):
         but the hyperparameters are then broadcast as under Horovod)."""
         return self.optimizer.step()
 
-    runs_user_optimizer = True  # False where the update rule runs on the servers (SGD there)
-
     def synchronize(self) -> None:
         """Make the local gradients final, as Horovod's ``synchronize()`` (only ssgd has reductions
         in flight after ``backward()``; the others exchange inside ``step()``)."""
@@ -221,8 +139,6 @@ class Strategy(abc.ABC):
             yield
         finally:
             self._should_synchronize = True
-
-    _should_synchronize = True
 
     def load_global_model(self) -> None:
         """Collective over the workers: every worker's model becomes the global model (no-op where

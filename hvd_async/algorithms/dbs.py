@@ -31,7 +31,7 @@ import torch
 
 from ..checks import is_int_at_least
 from ..options import option
-from .asgd import ASGD
+from .asgd import ASGD, ASGDAlgorithm
 from .base import ExchangeStats
 from .groups import OptionGroup, PullEvery, PushRate, WorkerLookaheadOption
 from .speed import SpeedMeter
@@ -91,10 +91,6 @@ class DBSASGD(ASGD):
                                       algorithm="dbs-asgd", batch_size=32)
         loader = DataLoader(dataset, batch_sampler=ha.DynamicBatchSampler(dataset, opt))  # as many as told
     """
-
-    name = "dbs-asgd"
-    Options = DBSASGDOptions
-    replayable = False  # the batch sizes follow measured speeds, which a replay does not record
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -167,3 +163,11 @@ class DBSASGD(ASGD):
         out.batch_size = self.batch_size
         out.extra.update(speed=self.speed, global_batch=self.global_batch)
         return out
+
+
+class DBSASGDAlgorithm(ASGDAlgorithm):
+    """dbs-asgd's declaration: asgd's windows; not replayable (the batch sizes follow measured speeds,
+    which a replay does not record: its registry row)."""
+
+    Options = DBSASGDOptions
+    strategy = DBSASGD

@@ -3,7 +3,7 @@
 look-ahead weights (``lookahead``)."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import ClassVar, Dict, Optional, Tuple
 
 import torch
 
@@ -16,7 +16,7 @@ from .base import CompensationSums
 from .compensation import Compensation, PushClip, PushClipOption, ServerKernelOption
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum, check_choice
 from .payload import SGDPayload
-from .ps import Lookahead, MailboxProgram, MailboxStrategy
+from .ps import Lookahead, MailboxAlgorithm, MailboxProgram, MailboxStrategy
 
 COMPENSATE = ("uncovered", "always")
 COMPENSATE_HELP = ("which pushes the term compensates: 'uncovered' (those whose delay is longer than the "
@@ -80,25 +80,29 @@ class DCASGD(MailboxStrategy):
             the look-ahead is then ``w - lr * (m + m**2 + ... + m**P) * v``, P the workers pushing).
     """
 
-    name = "dc-asgd"
-    Options: type = DCASGDOptions  # a subclass declares its own
-    replayable = True  # one push, one update, applied in the order the mailbox takes them
-
     def payload(self, grad, loss) -> "DCPayload":
         """Adds the whole gradient's 2-norm where the push clip reads it: a server holds one shard's
         slice only, and a clip on the whole norm scales every shard's slice alike."""
         norm = float(grad.norm()) if self.options.push_clip else 0.0
         return DCPayload(**dataclasses.asdict(super().payload(grad, loss)), grad_norm=norm)
 
-    @classmethod
-    def server_program(cls, host):
-        return DCProgram(host, cls.server_spec(host))
-
     def add_server_stats(self, stats, rows) -> None:
         """The servers' pushes and the sums over them of ``||compensated step - g||^2`` and ``||g||^2``
         (the shards' parts add up)."""
         sums = window.named_sums(rows, DCProgram.sums)
         stats.compensation = CompensationSums(sums["compensation_sq"], sums["grad_sq"], rows[0]["pushes"])
+
+
+class DCASGDAlgorithm(MailboxAlgorithm):
+    """dc-asgd's declaration: its rule in the servers' program (replayable, its registry row says: one
+    push, one update, applied in the order the mailbox takes them)."""
+
+    Options: ClassVar[type] = DCASGDOptions  # a subclass declares its own
+    strategy: ClassVar[type] = DCASGD
+
+    @classmethod
+    def server_program(cls, host):
+        return DCProgram(host, cls.server_spec(host))
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from ..rules.elastic import elastic_move, resolve_alpha
 from ..transport import window
 from .base import ExchangeStats, Strategy
 from .flat import FlatModel, local_step_if_finite
-from .ps import AccumulateProgram, load_server_state_dict, server_state_dict
+from .ps import PSAlgorithm, load_server_state_dict, server_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -100,15 +100,6 @@ class EASGD(Strategy):
         synchronous: all workers move together against one centre (default False).
     """
 
-    name = "easgd"
-    Options = EASGDOptions
-
-    @classmethod
-    def check_for_job(cls, given, *, workers, lr: float) -> None:
-        rho = given.get("rho")
-        if isinstance(rho, (int, float)) and not 0 < lr * rho < 1:
-            raise ValueError(f"rho {rho} gives alpha = lr * rho = {lr * rho}; it must be in (0, 1)")
-
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         self.alpha = resolve_alpha(options.alpha, options.rho, float(optimizer.param_groups[0]["lr"]),
@@ -128,17 +119,6 @@ class EASGD(Strategy):
         self.model.store_params()
         self.transport.publish_(self.model.flat)
         self.model.load_params()
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        numel = sum(p.numel() for _, p in named_parameters)
-        if numel == 0:
-            raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
-
-    @classmethod
-    def server_program(cls, host):
-        return AccumulateProgram(host)
 
     def after_evaluation(self) -> None:
         self.resume_local()
@@ -231,3 +211,17 @@ class EASGD(Strategy):
             self.model.flat.copy_(self.local)
             self.model.load_params()
         load_server_state_dict(self.transport, state)
+
+
+class EASGDAlgorithm(PSAlgorithm):
+    """easgd's declaration: the centre on the servers' windows, which the workers' elastic moves
+    accumulate into; ``rho`` checked against the job's ``lr``."""
+
+    Options = EASGDOptions
+    strategy = EASGD
+
+    @classmethod
+    def check_for_job(cls, given, *, workers, lr: float) -> None:
+        rho = given.get("rho")
+        if isinstance(rho, (int, float)) and not 0 < lr * rho < 1:
+            raise ValueError(f"rho {rho} gives alpha = lr * rho = {lr * rho}; it must be in (0, 1)")

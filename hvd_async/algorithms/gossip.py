@@ -51,6 +51,7 @@ import torch
 from ..checks import is_finite_number, is_int_at_least
 from ..options import option
 from ..rules.mixing import pull_average_, push_sum_estimate_, push_sum_fold_, push_sum_split_
+from .algorithm import Algorithm
 from .base import ExchangeStats, Strategy
 from .peers import TOPOLOGIES, PeerSchedule
 from .flat import FlatModel, local_step_if_finite
@@ -211,10 +212,6 @@ class Gossip(Strategy):
         progress_interval: seconds between the window progress thread's MPI calls (default 0.001).
     """
 
-    name = "gossip"
-    Options = GossipOptions
-    peer_windows = True
-
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         self.model = FlatModel([p for _, p in named_parameters])
@@ -233,13 +230,6 @@ class Gossip(Strategy):
         self.model.load_params()
         mixer = _PullMixer if self.options.variant == "pull" else _PushSumMixer
         self.mixer = mixer(self.transport, self.model.flat)
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        numel = sum(p.numel() for _, p in named_parameters)
-        if numel == 0:
-            raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        return comms.peers(numel, cls.name, options.progress_interval)
 
     def step(self, closure=None):
         loss = None
@@ -296,3 +286,16 @@ class Gossip(Strategy):
         self.mixer.load_state_dict(state["mixer"])
         self.transport.barrier()
 
+
+class GossipAlgorithm(Algorithm):
+    """gossip's declaration: one-sided windows among the workers (peer windows, its registry row)."""
+
+    Options = GossipOptions
+    strategy = Gossip
+
+    @classmethod
+    def make_transport(cls, named_parameters, options, comms):
+        numel = sum(p.numel() for _, p in named_parameters)
+        if numel == 0:
+            raise ValueError("the optimizer holds no parameter elements; nothing to train")
+        return comms.peers(numel, cls.name, options.progress_interval)

@@ -60,6 +60,7 @@ from ..checks import all_finite, is_finite_number, is_int_at_least
 from ..options import option
 from ..transport.base import ReduceOp
 from ..transport.window import staleness_summary
+from .algorithm import Algorithm
 from .base import ExchangeStats, Strategy
 
 logger = logging.getLogger(__name__)
@@ -111,9 +112,6 @@ class HPSGD(Strategy):
             opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
         opt.load_global_model()  # every worker, e.g. at epoch end: identical parameters from here
     """
-
-    name = "hpsgd"
-    Options = HPSGDOptions
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -291,3 +289,10 @@ class HPSGD(Strategy):
                     self.transport.synchronize(handle)
             except RuntimeError as exc:  # e.g. the transport was closed first: nothing left to wait for
                 logger.warning("hpsgd close(): dropped the exchange in flight (%s)", exc)
+
+
+class HPSGDAlgorithm(Algorithm):
+    """hpsgd's declaration: Horovod's collectives (the default transport)."""
+
+    Options = HPSGDOptions
+    strategy = HPSGD

@@ -40,7 +40,7 @@ from ..options import option
 from ..sampling import LockstepCursor
 from .base import ExchangeStats
 from .speed import SpeedMeter
-from .ssgd import SSGD, SSGDOptions
+from .ssgd import SSGD, SSGDAlgorithm, SSGDOptions
 
 
 def share_batch(global_batch: int, speeds: Sequence[float], min_batch: int = 1) -> List[int]:
@@ -112,9 +112,6 @@ class LBSGD(SSGD):
                                       algorithm="lb-sgd", batch_size=32)
         x, y = next_batch(opt.strategy.batch_size)  # this worker's share of the step's global batch
     """
-
-    name = "lb-sgd"
-    Options = LBSGDOptions
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -200,3 +197,10 @@ class LBSGD(SSGD):
         out.batch_size = self.batch_size
         out.extra.update(speed=self.speed, global_batch=self.global_batch)
         return out
+
+
+class LBSGDAlgorithm(SSGDAlgorithm):
+    """lb-sgd's declaration: ssgd's collectives, its own options."""
+
+    Options = LBSGDOptions
+    strategy = LBSGD

@@ -10,7 +10,7 @@ from ..options import option
 from ..rules import LCRule
 from ..rules.loss_prediction import PREDICTORS
 from .compensation import Compensation, PushClipOption, ServerKernelOption, change_sq
-from .dcasgd import DCASGD, DCPayload, DCProgram
+from .dcasgd import DCASGD, DCASGDAlgorithm, DCPayload, DCProgram
 from .groups import Compression, InboxSlots, LookaheadOption, OptionGroup, PushRate, ServerMomentum
 
 
@@ -79,9 +79,6 @@ class LCASGD(DCASGD):
     dc-asgd's ``lookahead`` (True) and ``server_momentum`` ('per-worker').
     """
 
-    name = "lc-asgd"
-    Options = LCASGDOptions
-
     def _exchange(self, grad, loss) -> None:
         if loss is None and self.options.loss_term:
             raise ValueError("lc-asgd sends the mini-batch loss with every push: call "
@@ -91,6 +88,14 @@ class LCASGD(DCASGD):
     def payload(self, grad, loss) -> "LCPayload":
         """Adds the mini-batch loss (0 where none was given)."""
         return LCPayload(**dataclasses.asdict(super().payload(grad, loss)), loss=0.0 if loss is None else float(loss))
+
+
+
+class LCASGDAlgorithm(DCASGDAlgorithm):
+    """lc-asgd's declaration: dc-asgd's, with its own options and program."""
+
+    Options = LCASGDOptions
+    strategy = LCASGD
 
     @classmethod
     def server_program(cls, host):

@@ -57,6 +57,7 @@ from ..transport import window
 from ..transport.base import ReduceOp
 from ..checkpoint import tensors_copy
 from .aggregate import AggregateProgram
+from .algorithm import Algorithm
 from .base import ExchangeStats, Strategy
 from .flat import FlatModel, finite_grads
 from .groups import InboxSlots
@@ -254,22 +255,6 @@ class ODSGD(Strategy):
     ``opt.strategy.local_optimizer`` is the local optimizer, for schedulers of your own.
     """
 
-    name = "od-sgd"
-    Options = ODSGDOptions
-    mode = "mailbox"  # (the window exchange's: the global step runs in the servers' program)
-
-    @classmethod
-    def outbox_for(cls, options) -> bool:
-        return False  # the workers read the global step from the weights window (guarded)
-
-    @classmethod
-    def uses_servers(cls, options, registered: bool) -> bool:
-        return options.get("exchange", ODSGDOptions.exchange) == "window"
-
-    @classmethod
-    def simulated(cls, options) -> bool:  # the window exchange runs on a thread of its own
-        return options.get("exchange", ODSGDOptions.exchange) == "allreduce"
-
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         params = [p for _, p in named_parameters]
@@ -294,21 +279,6 @@ class ODSGD(Strategy):
         self.fresh = True  # the local weights are the global ones (start, after load_global_model)
         self.skipped_nonfinite = 0
         self.wait_seconds = 0.0
-
-    @classmethod
-    def check_optimizer(cls, optimizer) -> None:
-        check_server_sgd(cls.name, optimizer)
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        if options.exchange == "allreduce":
-            return super().make_transport(named_parameters, options, comms)
-        numel = sum(p.numel() for _, p in named_parameters)
-        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
-
-    @classmethod
-    def server_program(cls, host):
-        return _GlobalStepProgram(host)
 
     def _set_local_lr(self) -> None:
         schedule = self.options.local_schedule
@@ -347,8 +317,6 @@ class ODSGD(Strategy):
             self.model.store_params()
         self.steps += 1
         return loss
-
-    runs_user_optimizer = False  # the wrapped SGD sets the global step, on the servers or all workers
 
     def begin(self) -> None:
         """Worker 0's weights as they are now: the global ones and every worker's."""
@@ -405,3 +373,40 @@ class ODSGD(Strategy):
 
     def close(self) -> None:
         self.exchange.close()
+
+
+class ODSGDAlgorithm(Algorithm):
+    """od-sgd's declaration: the global step in the servers' program (the window exchange) or on every
+    worker (the allreduce exchange, no servers)."""
+
+    Options = ODSGDOptions
+    strategy = ODSGD
+    mode = "mailbox"  # (the window exchange's: the global step runs in the servers' program)
+    runs_user_optimizer = False  # the wrapped SGD sets the global step, on the servers or all workers
+
+    @classmethod
+    def uses_servers(cls, options, registered: bool) -> bool:
+        return options.get("exchange", ODSGDOptions.exchange) == "window"
+
+    @classmethod
+    def simulated(cls, options) -> bool:  # the window exchange runs on a thread of its own
+        return options.get("exchange", ODSGDOptions.exchange) == "allreduce"
+
+    @classmethod
+    def check_optimizer(cls, optimizer) -> None:
+        check_server_sgd(cls.name, optimizer)
+
+    @classmethod
+    def make_transport(cls, named_parameters, options, comms):
+        if options.exchange == "allreduce":
+            return super().make_transport(named_parameters, options, comms)
+        numel = sum(p.numel() for _, p in named_parameters)
+        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
+
+    @classmethod
+    def outbox_for(cls, options) -> bool:
+        return False  # the workers read the global step from the weights window (guarded)
+
+    @classmethod
+    def server_program(cls, host):
+        return _GlobalStepProgram(host)

@@ -84,7 +84,7 @@ def check_server_sgd(algorithm: str, optimizer) -> None:
     if not isinstance(optimizer, torch.optim.SGD):
         from .. import registry
 
-        anything = [name for name in registry.names() if registry.strategy_class(name).runs_user_optimizer]
+        anything = [name for name in registry.names() if registry.algorithm(name).runs_user_optimizer]
         raise TypeError(f"{algorithm} applies its SGD rule on the parameter servers: wrap a "
                         f"torch.optim.SGD (got {type(optimizer).__name__}); these run any optimizer: "
                         f"{', '.join(anything)}")

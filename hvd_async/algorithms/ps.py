@@ -1,5 +1,6 @@
-"""The parameter-server family's shared worker and server sides: the strategy base (flat model, push,
-staleness counts, state_dict), the mailbox strategy base (the rule runs on the servers), the push
+"""The parameter-server family's shared declarations, worker and server sides: the declaration bases
+(windows on the servers; the mailbox's SGD check and options for the servers), the strategy base (flat
+model, push, staleness counts, state_dict), the mailbox strategy base (the rule runs on the servers), the push
 rate, the accumulate-mode server program, and the mailbox server program's base (snapshots,
 idle/resume, the servers' non-finite check). Each algorithm, its options and its server program are
 in a module of its own: asgd.py, dcasgd.py, lcasgd.py, softsync.py, backup.py (dbs.py builds on
@@ -43,6 +44,7 @@ from ..checks import all_finite, norm_if_finite
 from ..rules import Blocks, Scratch, SGDRule
 from ..rules.fused import FusedPush, Variant
 from ..transport import window
+from .algorithm import Algorithm
 from .base import ExchangeStats, Strategy
 from .flat import FlatModel, finite_grads
 from .lookahead import Lookahead
@@ -94,10 +96,51 @@ def load_server_state_dict(transport, state: Dict) -> None:
 
 
 
-class PSStrategy(Strategy):
-    """Common worker side of the parameter-server algorithms (not used directly)."""
+class PSAlgorithm(Algorithm):
+    """The declaration shared by the parameter-server algorithms (not registered itself): the windows
+    on the server ranks, opened for the workers' flat model; in accumulate mode the servers' program
+    does no arithmetic (asgd, dbs-asgd, easgd's centre)."""
 
     mode = "accumulate"
+
+    @classmethod
+    def make_transport(cls, named_parameters, options, comms):
+        numel = sum(p.numel() for _, p in named_parameters)
+        if numel == 0:
+            raise ValueError("the optimizer holds no parameter elements; nothing to train")
+        cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
+        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
+
+    @classmethod
+    def server_program(cls, host):
+        return AccumulateProgram(host)
+
+
+class MailboxAlgorithm(PSAlgorithm):
+    """The declaration shared by the algorithms whose rule runs in the servers' program: the wrapped
+    optimizer must be SGD (its hyperparameters travel with each push), the servers rebuild the options."""
+
+    mode = "mailbox"
+    runs_user_optimizer = False  # the rule's SGD runs on the servers
+
+    @classmethod
+    def check_optimizer(cls, optimizer) -> None:
+        check_server_sgd(cls.name, optimizer)
+
+    @classmethod
+    def server_options(cls, options) -> Dict:
+        """Every field of the options, as plain values (the servers rebuild them: :meth:`server_spec`)."""
+        return {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
+
+    @classmethod
+    def server_spec(cls, host):
+        """What the server program is built from: the algorithm's typed options, as the workers resolved
+        them, rebuilt from what the transport carried."""
+        return cls.Options(**host.spec.options)
+
+
+class PSStrategy(Strategy):
+    """Common worker side of the parameter-server algorithms (not used directly)."""
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -112,14 +155,6 @@ class PSStrategy(Strategy):
         self.model.store_params()
         self.transport.publish_(self.model.flat)
         self.model.load_params()
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        numel = sum(p.numel() for _, p in named_parameters)
-        if numel == 0:
-            raise ValueError("the optimizer holds no parameter elements; nothing to train")
-        cls.resolve_options(options, comms.group.size)  # before the servers are asked to open anything
-        return comms.windows(cls.window_spec(options, numel, comms.servers, comms.group.size))
 
     # --- what every step does ------------------------------------------------------------
     def _grads_or_skip(self) -> Optional[torch.Tensor]:
@@ -183,27 +218,13 @@ class PSStrategy(Strategy):
 class MailboxStrategy(PSStrategy):
     """Worker side of the algorithms whose rule runs on the server: push g, receive new weights."""
 
-    mode = "mailbox"
-    runs_user_optimizer = False  # the rule's SGD runs on the servers
+    # The servers set each update's rate (softsync knows how many gradients an aggregate holds; backup-sgd
+    # makes one whole step per update): the pushes carry the optimizer's lr unscaled by a push rate.
+    scales_on_server = False
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
         self._scale = 1.0 if self.scales_on_server else options.push_scale(transport.size)
-
-    @classmethod
-    def check_optimizer(cls, optimizer) -> None:
-        check_server_sgd(cls.name, optimizer)
-
-    @classmethod
-    def server_options(cls, options) -> Dict:
-        """Every field of the options, as plain values (the servers rebuild them: :meth:`server_spec`)."""
-        return {field.name: getattr(options, field.name) for field in dataclasses.fields(options)}
-
-    @classmethod
-    def server_spec(cls, host):
-        """What the server program is built from: the strategy's typed options, as the workers resolved
-        them, rebuilt from what the transport carried."""
-        return cls.Options(**host.spec.options)
 
     def payload(self, grad: torch.Tensor, loss: Optional[float]) -> Payload:
         """What this push carries to the server program: the wrapped SGD's hyperparameters, the rate

@@ -9,7 +9,7 @@ from .aggregate import AggregateProgram
 from .compensation import ServerKernelOption
 from .groups import (SERVER_MOMENTA, SERVER_MOMENTUM_DEFAULT, Compression, InboxSlots, LookaheadOption,
                      OptionGroup, PushRate, ServerMomentum, check_choice)
-from .ps import MailboxStrategy
+from .ps import MailboxAlgorithm, MailboxStrategy
 
 
 @dataclass
@@ -80,35 +80,32 @@ class SoftSync(MailboxStrategy):
             dc-asgd does (default True).
     """
 
-    name = "softsync"
-    Options = SoftSyncOptions
     scales_on_server = True  # an aggregate's rate is set where it is known how many gradients it holds
 
     def __init__(self, optimizer, named_parameters, transport, options):
-        self._resolve_n(options, transport.size)
+        SoftSyncAlgorithm.resolve_options(options, transport.size)  # (a transport given by the caller)
         super().__init__(optimizer, named_parameters, transport, options)
 
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        cls._resolve_n(options, comms.group.size)  # before the servers are asked to open anything
-        return super().make_transport(named_parameters, options, comms)
+
+class SoftSyncAlgorithm(MailboxAlgorithm):
+    """softsync's declaration: ``n`` resolved from the workers, its program, an outbox only where the
+    answers differ per worker."""
+
+    Options = SoftSyncOptions
+    strategy = SoftSync
 
     @classmethod
     def resolve_options(cls, options, workers: int) -> None:
-        cls._resolve_n(options, workers)
+        if options.n is None:
+            options.n = workers
+        if not 1 <= options.n <= workers:
+            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
 
     @classmethod
     def check_for_job(cls, given, *, workers, lr: float) -> None:
         n = given.get("n")
         if isinstance(n, int) and (n < 1 or (workers is not None and n > workers)):
             raise ValueError(f"n {n} must be between 1 and the number of workers ({workers})")
-
-    @staticmethod
-    def _resolve_n(options, workers: int) -> None:
-        if options.n is None:
-            options.n = workers
-        if not 1 <= options.n <= workers:
-            raise ValueError(f"n must be between 1 and the number of workers ({workers}), got {options.n}")
 
     @classmethod
     def outbox_for(cls, options) -> bool:

@@ -10,7 +10,7 @@ fp16 compression does not round the gradients then).
 """
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,6 +18,7 @@ from .. import checks
 from ..checks import all_finite, is_int_at_least, nonfinite_on_device
 from ..options import option
 from ..transport.base import ReduceOp
+from .algorithm import Algorithm
 from .base import Strategy
 from .step_undo import StepUndo
 
@@ -89,17 +90,9 @@ class SSGD(Strategy):
             memory); False reads the check on the host before the step.
     """
 
-    name = "ssgd"
-    Options = SSGDOptions
-    fused_sgd = True  # torch's fused SGD skips a non-finite step itself: the guard reads nothing on the host
     # what this worker's gradients are multiplied by as they go out to the allreduce (lb-sgd: its share
     # of the step's samples, so that the average weights each sample alike)
     grad_weight = 1.0
-
-    @classmethod
-    def make_transport(cls, named_parameters, options, comms):
-        """Horovod's collectives, over ``options.process_set``'s workers where one is given."""
-        return comms.collectives(options.process_set)
 
     def __init__(self, optimizer, named_parameters, transport, options):
         super().__init__(optimizer, named_parameters, transport, options)
@@ -326,3 +319,16 @@ class SSGD(Strategy):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+class SSGDAlgorithm(Algorithm):
+    """ssgd's declaration: Horovod's collectives."""
+
+    Options: ClassVar[type] = SSGDOptions  # a subclass declares its own
+    strategy: ClassVar[type] = SSGD
+    fused_sgd = True  # torch's fused SGD skips a non-finite step itself: the guard reads nothing on the host
+
+    @classmethod
+    def make_transport(cls, named_parameters, options, comms):
+        """Horovod's collectives, over ``options.process_set``'s workers where one is given."""
+        return comms.collectives(options.process_set)

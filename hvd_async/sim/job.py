@@ -61,7 +61,7 @@ class Cluster:
         self.net = SimNetwork(self.sched, sim.latency_ms / 1000.0)
         self.world = SimWorld(self.net, spec.layout.servers)
         self.world.handlers[("ctrl",)] = self._control
-        self.strategy_cls = registry.strategy_class(spec.algo)
+        self.algorithm = registry.algorithm(spec.algo)
         self.servers: List[SimServers] = []
         self.scripts: Optional[List[ReplayScript]] = None
         self.replay = None
@@ -82,7 +82,7 @@ class Cluster:
             raise RuntimeError(f"simulated server {server}: unexpected control message (tag {tag})")
         if server == 0:  # the n-th transport: the n-th duplicate of the window communicator
             context = ("win", len(self.servers) + 1)
-            self.servers.append(SimServers(self.world, context, spec, self.strategy_cls.server_program,
+            self.servers.append(SimServers(self.world, context, spec, self.algorithm.server_program,
                                            self.scripts))
 
     def _check_replay(self) -> None:
@@ -113,7 +113,7 @@ class SimComms:
     """Worker ``rank``'s stand-in for :class:`hvd_async.runtime.Comms`: the same communicators (the
     workers, the job's control and window communicators) and the ``MPI`` they belong to, here the
     simulator's (:mod:`.mpi`: memory and the virtual clock), over which the algorithm's own factory
-    (``make_transport``) opens the real window, peer and Horovod transports; Horovod is the
+    (its declaration's ``make_transport``) opens the real window, peer and Horovod transports; Horovod is the
     simulator's too (:mod:`.horovod`)."""
 
     def __init__(self, cluster: Cluster, rank: int):

@@ -84,7 +84,7 @@ def window_copies(spec: window.WindowSpec) -> float:
 def shard_copies(algo: str, workers: int, options: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """Copies of its shard one server holds under ``algo`` at ``workers`` workers: ``windows``,
     ``program`` (what its server program keeps) and ``total``."""
-    cls = registry.strategy_class(algo)
+    cls = registry.algorithm(algo)
     opts = parse_options(cls.Options, algo, dict(options or {}))
     cls.resolve_options(opts, workers)
     specs = [cls.window_spec(opts, n, 1, workers) for n in SIZES]

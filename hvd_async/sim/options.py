@@ -113,7 +113,7 @@ def check(args: argparse.Namespace) -> Tuple[config.JobSpec, SimOptions]:
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
-    if not registry.strategy_class(spec.algo).simulated(spec.algorithm):
+    if not registry.algorithm(spec.algo).simulated(spec.algorithm):
         raise config.ConfigError(f"--algo {spec.algo} {config.given_flags(args) or '(its default options)'} cannot "
                                  f"be simulated (its exchange runs on a thread of its own); the simulator runs: "
                                  f"{', '.join(_simulated())}")
@@ -126,7 +126,7 @@ def check(args: argparse.Namespace) -> Tuple[config.JobSpec, SimOptions]:
 def _simulated() -> list:
     """The algorithms the simulator runs with their defaults, and those it runs with some options."""
     out = []
-    for name, cls in registry.strategies().items():
+    for name, cls in registry.algorithms().items():
         if cls.simulated({}):
             out.append(name)
         else:

@@ -4,7 +4,7 @@
 plain memory (:class:`MemoryWindows`) instead of MPI windows: the same ``meta`` counters (version,
 pushes, staleness histogram, cursor, value table), ``weights``, ``inbox``/``outbox`` slots (of the
 wire's type, fp16 ones read widened), and the same ``handle``/``bump``/``answer``/``close`` code, so
-the strategies' own ``server_program`` runs on it unchanged. :class:`SimServers` are the shards of
+the algorithms' own ``server_program`` runs on it unchanged. :class:`SimServers` are the shards of
 one window transport: the workers' real :class:`~hvd_async.transport.window.WindowTransport`, over
 the simulator's MPI (:mod:`.mpi`), reads and writes their memory one-sidedly, and each message it
 sends a server is served at once by that shard's host.
@@ -125,7 +125,7 @@ class SimServers:
         world: the simulated job's ranks.
         context: the transport's communicator (the n-th duplicate of the job's window communicator).
         spec: what worker 0 sent.
-        make_program: the strategy class's ``server_program``.
+        make_program: the algorithm's declared ``server_program``.
         scripts: replay: every worker's recorded exchanges (:class:`ReplayScript`), or None.
     """
 

@@ -40,7 +40,7 @@ def algorithms():
 
 
 def runs_any_optimizer(algorithm):
-    return ha.registry.strategy_class(algorithm).runs_user_optimizer
+    return ha.registry.algorithm(algorithm).runs_user_optimizer
 
 
 def model_for(rank_seed: int):

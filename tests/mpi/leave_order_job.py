@@ -46,7 +46,7 @@ def main() -> None:
     leave = Leave.parse(LEAVES[me])
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    fields = {f.name for f in dataclasses.fields(ha.registry.strategy_class(ALGO).Options)}
+    fields = {f.name for f in dataclasses.fields(ha.registry.algorithm(ALGO).Options)}
     sized = {"batch_size": 16} if "batch_size" in fields else {}  # (dbs-asgd, lb-sgd: the nominal batch)
     opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                   named_parameters=model.named_parameters(), algorithm=ALGO, **sized)

@@ -165,7 +165,7 @@ def streamed():
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
             options = dict(OPTIONS[algorithm], **({"inbox_slots": slots} if slots else {}))
-            if slots and "inbox_slots" not in {f.name for f in fields(registry.strategy_class(algorithm).Options)}:
+            if slots and "inbox_slots" not in {f.name for f in fields(registry.algorithm(algorithm).Options)}:
                 continue
             opt = ha.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                           named_parameters=model.named_parameters(), algorithm=algorithm,

@@ -103,7 +103,7 @@ def test_an_option_shared_by_algorithms_is_declared_once():
 
     declarations = {}
     for name in registry.NAMES:
-        options_cls = registry.strategy_class(name).Options
+        options_cls = registry.algorithm(name).Options
         for field, how in declared(options_cls):
             if how.flag is not None:
                 declarations.setdefault(how.flag, {})[id(how)] = how.help
@@ -165,7 +165,7 @@ def imports(module: str, init: bool, source: str, known=None):
 
 
 def algorithm_modules() -> set:
-    return {registry.strategy_class(name).__module__ for name in registry.NAMES}
+    return {registry.algorithm(name).__module__ for name in registry.NAMES}
 
 
 def private_imports(module: str, init: bool, source: str, algorithms: set) -> list:
@@ -330,7 +330,7 @@ def test_the_simulator_opens_the_real_transports_through_the_algorithms_factory(
     from hvd_async.transport.window import WindowTransport
 
     opened, made = [], []
-    cls = registry.strategy_class(algo)
+    cls = registry.algorithm(algo)
     factory = cls.make_transport.__func__
 
     def make_transport(klass, named, options, comms):
@@ -400,3 +400,43 @@ def test_the_private_import_and_cycle_checkers_catch_planted_violations():
     planted = {"hvd_async.a": (False, "from . import b\n"), "hvd_async.b": (False, "def f():\n    from .a import x\n"),
                "hvd_async.c": (False, "from .a import x\n")}
     assert cycles(import_graph(planted)) == [["hvd_async.a", "hvd_async.b"]]
+
+
+# --- the strategy interface --------------------------------------------------------------------------
+
+STRATEGY_MEMBERS_AT_MOST = 20  # issue 60: what is not every worker's step lives on the declaration or its one user
+
+
+def _class_members(source: str, class_name: str) -> list:
+    """Methods and class attributes of ``class_name`` in ``source`` (instance attributes set in methods
+    do not count)."""
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == class_name)
+    found = []
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(item.name)
+        elif isinstance(item, ast.Assign):
+            found += [t.id for t in item.targets if isinstance(t, ast.Name)]
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            found.append(item.target.id)
+    return found
+
+
+def test_the_strategy_base_is_small_and_the_declarations_hold_the_rest():
+    members = _class_members(MODULES["hvd_async.algorithms.base"][1], "Strategy")
+    assert len(members) <= STRATEGY_MEMBERS_AT_MOST, (len(members), members)
+    declared = set(_class_members(MODULES["hvd_async.algorithms.algorithm"][1], "Algorithm"))
+    assert not declared & set(members) - {"name"}, declared & set(members)  # each in one of the two
+    from hvd_async.algorithms.algorithm import Algorithm
+    from hvd_async.algorithms.base import Strategy
+
+    for name, declaration in registry.algorithms().items():
+        assert issubclass(declaration, Algorithm) and issubclass(declaration.strategy, Strategy), name
+        assert declaration.name == name
+        leaked = declared & set(vars(declaration.strategy)) - {"name"}
+        assert not leaked, f"{name}: {declaration.strategy.__name__} declares {sorted(leaked)}; its declaration does"
+
+
+def test_the_member_count_sees_a_planted_member():
+    source = "class Strategy:\n    a = 1\n    b: int = 2\n    def c(self):\n        self.d = 3\n"
+    assert _class_members(source, "Strategy") == ["a", "b", "c"]

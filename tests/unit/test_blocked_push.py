@@ -21,7 +21,7 @@ NUMEL, SLICE = 203, 64  # four slices, the last one short
 
 
 def _hosts(algo, given, threads):
-    cls = registry.strategy_class(algo)
+    cls = registry.algorithm(algo)
     options = cls.Options(**given)
     cls.resolve_options(options, WORKERS)
     spec = cls.window_spec(options, NUMEL, 1, WORKERS)

@@ -34,7 +34,7 @@ IDS = [f"{a}-{'-'.join(f'{k}={v}' for k, v in g.items()) or 'defaults'}-{s}" for
 
 
 def _host(algo, given, kernel):
-    cls = registry.strategy_class(algo)
+    cls = registry.algorithm(algo)
     options = cls.Options(**given, server_kernel=kernel)
     cls.resolve_options(options, WORKERS)
     host = SimShardHost(cls.window_spec(options, NUMEL, 1, WORKERS), 0, cls.server_program)

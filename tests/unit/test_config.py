@@ -168,7 +168,7 @@ def test_help_texts_take_their_lists_of_algorithms_from_the_registry(monkeypatch
     assert _help_of(sim_options.build_parser(), "replay").startswith(
         f"{', '.join(registry.replayable())}: make the pushes land")
     lookahead = _help_of(config.build_parser(), "lookahead")
-    takes = {n: c.Options for n, c in registry.strategies().items() if c.Options is not None}
+    takes = {n: c.Options for n, c in registry.algorithms().items() if c.Options is not None}
     workers = [n for n, o in takes.items() if issubclass(o, groups.WorkerLookaheadOption)]
     servers = [n for n, o in takes.items() if issubclass(o, groups.LookaheadOption) and n not in workers]
     assert workers and servers
@@ -176,7 +176,7 @@ def test_help_texts_take_their_lists_of_algorithms_from_the_registry(monkeypatch
     assert f" / {', '.join(servers)}: on the servers: answer each push" in lookahead, lookahead
 
     monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
-    registry.register("ssgd-copy", type("SSGDCopy", (registry.strategy_class("ssgd"),), {}),
+    registry.register("ssgd-copy", type("SSGDCopy", (registry.algorithm("ssgd"),), {}),
                       summary="a plugin's synchronous algorithm")
     assert registry.repeatable()[-1] == "ssgd-copy"
     assert _help_of(config.build_parser(), "deterministic").startswith(

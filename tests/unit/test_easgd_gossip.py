@@ -182,5 +182,5 @@ def test_peer_transport_checks_arguments_before_mpi():
 
 
 def test_registry_rows():
-    assert registry.strategy_class("gossip").name == "gossip" and not registry.get("gossip").uses_servers
-    assert registry.strategy_class("easgd").name == "easgd" and registry.get("easgd").uses_servers
+    assert registry.algorithm("gossip").name == "gossip" and not registry.get("gossip").uses_servers
+    assert registry.algorithm("easgd").name == "easgd" and registry.get("easgd").uses_servers

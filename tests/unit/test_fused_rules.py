@@ -175,7 +175,7 @@ UNFUSED = {"dc-asgd": UnfusedDC, "lc-asgd": UnfusedLC, "softsync": UnfusedSoftSy
 
 # --- the pushes -----------------------------------------------------------------------------------------
 def _hosts(algo, given):
-    cls = registry.strategy_class(algo)
+    cls = registry.algorithm(algo)
     options = cls.Options(**given)
     cls.resolve_options(options, WORKERS)
     spec = cls.window_spec(options, NUMEL, 1, WORKERS)

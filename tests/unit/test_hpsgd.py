@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from hvd_async import DistributedOptimizer
 from hvd_async.algorithms.base import parse_options
-from hvd_async.algorithms.hpsgd import HPSGD
+from hvd_async.algorithms.hpsgd import HPSGD, HPSGDAlgorithm
 from hvd_async.transport import LoopbackGroup, ReduceOp
 from reference import hpsgd as reference_hpsgd, table_grad, table_start
 from threads import run_workers
@@ -182,11 +182,11 @@ def test_partial_window_is_exchanged_without_staleness():
 ])
 def test_bad_options_name_the_value(options, error, match):
     with pytest.raises(error, match=match):
-        parse_options(HPSGD.Options, "hpsgd", options)
+        parse_options(HPSGDAlgorithm.Options, "hpsgd", options)
 
 
 def test_defaults_and_int_merge_rate():
-    opts = parse_options(HPSGD.Options, "hpsgd", {"merge_rate": 2})
+    opts = parse_options(HPSGDAlgorithm.Options, "hpsgd", {"merge_rate": 2})
     assert (opts.window, opts.merge_rate, opts.overlap) == (4, 2.0, True)
     assert isinstance(opts.merge_rate, float)
 

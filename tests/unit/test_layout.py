@@ -34,14 +34,14 @@ def test_no_module_over_the_limit_but_the_listed_ones():
 
 def test_each_parameter_server_algorithm_in_its_own_module():
     from hvd_async import registry
-    from hvd_async.algorithms.ps import PSStrategy
+    from hvd_async.algorithms.ps import PSAlgorithm
 
-    family = [name for name in registry.NAMES if issubclass(registry.strategy_class(name), PSStrategy)]
+    family = [name for name in registry.NAMES if issubclass(registry.algorithm(name), PSAlgorithm)]
     assert len(family) >= 6, family
-    modules = [registry.strategy_class(name).__module__ for name in family]
+    modules = [registry.algorithm(name).__module__ for name in family]
     assert len(set(modules)) == len(modules), dict(zip(family, modules))  # one module each
     for name, module in zip(family, modules):
-        cls = registry.strategy_class(name)
+        cls = registry.algorithm(name)
         assert module.startswith("hvd_async.algorithms."), (name, module)
         program = importlib.import_module(cls.__module__)
         assert cls.Options.__module__ == cls.__module__, (name, cls.Options.__module__)

@@ -56,5 +56,5 @@ def test_registry_errors_name_the_choices():
 
 def test_every_algorithm_imports():
     for name in registry.names():
-        cls = registry.strategy_class(name)
+        cls = registry.algorithm(name)
         assert cls.name == name

@@ -417,12 +417,12 @@ def test_softsync_keeps_an_outbox_only_where_answers_differ_per_worker():
     """The per-worker look-ahead answers each worker its own point; one shared buffer (or none ahead)
     answers the weights themselves, which the pushers read from the weights window; fp16 keeps the
     half-precision answer."""
-    from hvd_async.algorithms.softsync import SoftSync
+    from hvd_async.algorithms.softsync import SoftSyncAlgorithm
 
-    assert SoftSync.outbox_for(SoftSyncOptions())
-    assert not SoftSync.outbox_for(SoftSyncOptions(server_momentum="shared"))
-    assert not SoftSync.outbox_for(SoftSyncOptions(lookahead=False))
-    assert SoftSync.outbox_for(SoftSyncOptions(server_momentum="shared", compression="fp16"))
+    assert SoftSyncAlgorithm.outbox_for(SoftSyncOptions())
+    assert not SoftSyncAlgorithm.outbox_for(SoftSyncOptions(server_momentum="shared"))
+    assert not SoftSyncAlgorithm.outbox_for(SoftSyncOptions(lookahead=False))
+    assert SoftSyncAlgorithm.outbox_for(SoftSyncOptions(server_momentum="shared", compression="fp16"))
 
 
 def test_softsyncs_old_momentum_name_still_works_with_a_warning():

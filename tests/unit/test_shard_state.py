@@ -11,7 +11,7 @@ from hvd_async.transport.window import host as host_module
 
 
 def _host(numel=1000, workers=3):
-    cls = registry.strategy_class("dc-asgd")
+    cls = registry.algorithm("dc-asgd")
     options = parse_options(cls.Options, "dc-asgd", {})
     cls.resolve_options(options, workers)
     return SimShardHost(cls.window_spec(options, numel, 1, workers), 0, cls.server_program)

@@ -31,7 +31,7 @@ def test_add_sums_fills_the_named_slots_in_order_and_no_more():
 
 
 def test_every_server_program_names_no_more_sums_than_the_window_holds():
-    registry.strategies()  # every algorithm's module imported, its programs with it
+    registry.algorithms()  # every algorithm's module imported, its programs with it
     programs = list(_subclasses(window.ServerProgram))
     assert {"DCProgram", "LCProgram", "BackupProgram"} <= {p.__name__ for p in programs}
     assert all(len(p.sums) <= window.SUMS for p in programs), [(p.__name__, p.sums) for p in programs]
