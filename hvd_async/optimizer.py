@@ -14,7 +14,7 @@ from . import checkpoint, registry, runtime
 from .algorithms.base import exchange_stats, parse_options
 from .horovod_options import HorovodOptions, check_supported
 from .transport.base import Transport
-from .transport.window.state import ServerState
+from .transport.window import WindowTransport
 
 logger = logging.getLogger(__name__)
 
@@ -388,7 +388,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The servers write (read) their shards in ``shard_dir`` for the duration, where they are
         servers of windows (other transports keep no shards)."""
         transport = self.strategy.transport
-        if shard_dir is None or not isinstance(transport, ServerState):
+        if shard_dir is None or not isinstance(transport, WindowTransport):
             yield
             return
         transport.shard_dir = os.path.abspath(shard_dir)

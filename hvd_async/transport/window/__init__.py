@@ -76,6 +76,5 @@ one-sided component that supports ``MPI_THREAD_MULTIPLE`` over the network: ``--
 opening fails with a message that says so when the default one cannot create the window.
 """
 from .client import WindowTransport  # noqa: F401
-from .worker_side import WorkerSide  # noqa: F401
 from .host import ServerProgram, ShardHost  # noqa: F401
 from .layout import *  # noqa: F401,F403  (the layout and wire format: window.H_LEN, window.Kind, window.Request, ...)

@@ -1,20 +1,23 @@
 """The worker side of the windows: :class:`WindowTransport` pulls the global weights, pushes
 deltas (accumulate mode) or gradients (mailbox mode), and reads versions (see
-:mod:`hvd_async.transport.window` for the protocol)."""
+:mod:`hvd_async.transport.window` for the protocol). It holds the parts with a job of their own: the
+counters of the ``meta`` window (:class:`~.counters.MetaCounters`), the servers' state
+(:class:`~.state.ServerStateLink`), a pool's slot claims (:class:`~.slots.SlotClaim`) and the watch
+on the other workers' leaving (:class:`~hvd_async.transport.leave.LeaveWatch`)."""
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ... import failures
+from ..base import Transport
 from ..leave import LeaveWatch
-from .counters import MetaAccess
-from .state import ServerState
+from .counters import MetaCounters
+from .state import ServerStateLink
 from .slots import SlotClaim
-from .layout import (H_LEN, H_SLOT, META_VERSION, META_WRITING, MODES, R_LEN, TAG_ANSWER, TAG_CLOSE,
-                     TAG_OPEN, TAG_REQUEST, Answers, Kind, Pending, WindowSpec, _Windows, encode_request)
-from .worker_side import WorkerSide
+from .layout import (H_LEN, H_SLOT, META_WRITING, MODES, R_LEN, TAG_ANSWER, TAG_CLOSE, TAG_OPEN, TAG_REQUEST,
+                     Answers, Kind, Pending, WindowSpec, _Windows, encode_request, shard_bounds)
 
 # how often a worker on an oversubscribed node checks for its servers' answer, sleeping between checks
 ANSWER_POLL_SECONDS = 1e-4
@@ -32,11 +35,11 @@ def wait_for_answers(MPI, requests, polite: bool) -> None:
         time.sleep(ANSWER_POLL_SECONDS)
 
 
-class WindowTransport(MetaAccess, ServerState, WorkerSide):
+class WindowTransport(Transport):
     """The worker side: pull the global weights, push deltas or gradients, read versions.
 
     Opening is collective over the whole job (every worker constructs it, every server serves);
-    ``close()`` is too. Built by the parameter-server strategies; tests build it directly.
+    ``close()`` is too. Built by the parameter-server algorithms' declarations; tests build it directly.
 
     Args:
         numel: elements of the flat fp32 parameter buffer.
@@ -67,8 +70,13 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
             raise RuntimeError(f"algorithm {algorithm!r} keeps its weights on parameter servers, but "
                                f"this job has none: call hvd_async.init(servers=1) (or more) and "
                                f"launch at least one extra process for each server")
-        super().__init__(WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size,
-                                    dict(options or {}), wire, int(slots), bool(outbox)), comms.group.rank)
+        super().__init__()
+        self.spec = WindowSpec(algorithm, mode, int(numel), comms.servers, comms.group.size, dict(options or {}),
+                               wire, int(slots), bool(outbox))
+        self._rank = int(comms.group.rank)
+        self.bounds = shard_bounds(self.spec.numel, self.spec.servers)
+        self._pending: Optional[Pending] = None
+        self.slot_waits = 0  # pushes that found every inbox slot of a shard taken and waited
         self._MPI = MPI = comms.mpi
         self._clock = comms.clock
         self._polite = bool(comms.oversubscribed)  # (see wait_for_answers)
@@ -87,23 +95,106 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         self._no_float = [np.empty(0, dtype=np.float32), MPI.FLOAT]
         self._win.lock_all()
         self._watch = LeaveWatch(comms.group, f"{algorithm} transport", MPI)  # no collective waits for a leaver
-        self._one = np.ones(1, dtype=np.int64)
-        self._fetched = np.zeros(comms.servers, dtype=np.int64)
         self._answers = np.zeros((comms.servers, R_LEN), dtype=np.float64)
         self._header = np.zeros(H_LEN, dtype=np.float64)  # one request, the same to every shard
         self._slice_cache: Dict = {}
-        self._one_t = [self._one, MPI.INT64_T]
-        # NO_OP reads ignore their origin buffer, but mpi4py wants one: empty, of the window's type
-        self._no_int64 = [np.empty(0, dtype=np.int64), MPI.INT64_T]
         self.overlapped_reads = 0  # guarded pulls a server write overlapped (then read from a snapshot)
         self._writing = np.zeros(comms.servers, dtype=np.int64)
         self._writing_bufs = [[self._writing[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self._read = np.zeros(comms.servers, dtype=np.int64)  # versions read by pull()
-        self._fetch_bufs = [[self._fetched[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self._read_bufs = [[self._read[k:k + 1], MPI.INT64_T] for k in range(comms.servers)]
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
         self._claim = SlotClaim(self.comm, self.spec) if self.spec.pooled else None
         self._trace = comms.tracer(self._rank, algorithm, mode)  # opt-in record of pushes and pulls
+        self.counters = MetaCounters(self._win.meta, MPI, self.spec, self._rank, self._trace)
+        self._state = ServerStateLink(self.comm, comms.servers)
+
+    # --- what the worker holds ----------------------------------------------------------------
+    # the windows' free is collective: close() waits for every worker (the exit hook closes others first)
+    closes_collectively = True
+    can_drop_workers = True
+    # Where the servers write their shards' state (each its own file, ``shard-<k>.pt``) and read it back,
+    # instead of sending it to worker 0; None: sent. Set around a save or load (see
+    # DistributedOptimizer.algorithm_state_dict's ``shard_dir``); a folder every server can reach.
+    shard_dir: Optional[str] = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    size = property(lambda self: self.spec.workers)
+
+    servers = property(lambda self: self.spec.servers)
+
+    @property
+    def versions(self) -> np.ndarray:
+        """Per shard, the version of the weights this worker last received."""
+        return self.counters.read.copy()
+
+    @property
+    def latest_versions(self) -> np.ndarray:
+        """Per shard, the newest version this worker has seen (the counters' own array)."""
+        return self.counters.latest
+
+    def _check_idle(self) -> None:
+        if self._closed:  # (every exchange starts here: one attribute read while open)
+            self._check_open()
+        if self._pending is not None and not self._pending.done:
+            raise RuntimeError("an exchange is still in flight on this transport: wait() for it first")
+
+    def local_state(self) -> Dict[str, Any]:
+        """This worker's side: versions it last read and saw, staleness counts not yet sent."""
+        return self.counters.state()
+
+    def load_local_state(self, state: Dict[str, Any]) -> None:
+        self.counters.load_state(state)
+
+    # --- the shared counter and table, the shards' counters (on the meta window) ----------------
+    def fetch_add_counter(self, n: int) -> int:
+        """Atomically add ``n`` to the job's shared counter; returns its value before."""
+        self._check_idle()
+        return self.counters.fetch_add_counter(n)
+
+    def publish_value(self, value: float) -> None:
+        """Write this worker's slot of the shared table (a float, e.g. its measured speed)."""
+        self._check_idle()
+        self.counters.publish_value(value)
+
+    def read_values(self) -> np.ndarray:
+        """Every worker's slot of the shared table (0.0 where a worker has written nothing)."""
+        self._check_idle()
+        return self.counters.read_values()
+
+    def read_stats(self) -> List[Dict[str, Any]]:
+        """Every shard's counters as they stand (:meth:`MetaCounters.read_stats`)."""
+        self._check_idle()
+        return self.counters.read_stats()
+
+    # --- the servers' state -------------------------------------------------------------------
+    def server_state(self) -> List[Dict[str, Any]]:
+        """Every shard's whole state, as its server holds it now (weights, counters, outbox slots, the
+        rule's buffers): consistent when no worker is pushing, e.g. after ``load_global_model()``. With
+        :attr:`shard_dir` set, each server writes its shard there and this returns the files' names."""
+        self._check_idle()
+        self.counters.send_hist()
+        return self._state.get(self.shard_dir)
+
+    def load_server_state(self, states: Sequence[Dict[str, Any]]) -> None:
+        """Put back what ``server_state`` returned (same number of servers, shard sizes and workers)."""
+        self._check_idle()
+        self._state.load(states, self.shard_dir)
+
+    def drop_workers(self, workers: Sequence[int], comm, *, tell_servers: bool) -> None:
+        """Go on without ``workers`` (worker ranks that stopped making progress): collectives among
+        the workers now run over ``comm`` (the others'), the servers stop waiting for them (told by
+        one worker, ``tell_servers``), and ``close()`` will not join the windows' collective free,
+        which the dropped workers would never join (the job then ends with MPI_Abort)."""
+        self._check_idle()
+        self._workers_comm = comm
+        self.dropped = sorted(set(self.dropped) | {int(w) for w in workers})
+        self._watch.ignored |= set(self.dropped)
+        if tell_servers:
+            self._state.drop(self.dropped)
 
     # --- the workers' collectives -------------------------------------------------------------
     def allgather_object(self, obj) -> List[Any]:
@@ -185,16 +276,15 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         versions = np.zeros(self.servers, dtype=np.int64)
         # The version is read alongside the data (one flush for both): a push landing meanwhile may
         # be in the weights but not in the version, which counts it as stale: an over-estimate.
-        for k in range(self.servers):
-            self._win.meta.Fetch_and_op(self._one_t, [versions[k:k + 1], MPI.INT64_T], k,
-                                        META_VERSION, op=MPI.NO_OP)
+        counters = self.counters
+        counters.start_reads([[versions[k:k + 1], MPI.INT64_T] for k in range(self.servers)])
         requests = [self._rget(part, k, target) for k, part, target in self._weight_slices(flat)]
 
         def finish(keep=flat):
             MPI.Request.Waitall(requests)
             self._win.meta.Flush_all()
-            self._versions[:] = versions
-            np.maximum(self.latest_versions, versions, out=self.latest_versions)
+            counters.read[:] = versions
+            np.maximum(counters.latest, versions, out=counters.latest)
             if self._trace is not None:
                 self._trace.pull(versions, flat, False)
             return versions
@@ -216,19 +306,18 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         if guarded:
             return self._pull_guarded(flat)
         self._check_idle()
-        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
-        read = self.latest_versions if after_push else self._read
+        counters, weights = self.counters, self._win.weights
+        read = counters.latest if after_push else self._read
         if not after_push:
-            for k, buf in enumerate(self._read_bufs):
-                meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=no_op)
+            counters.start_reads(self._read_bufs)
         for k, part, target in self._weight_slices(flat):
             self._get(part, k, target)
         weights.Flush_all()
         if not after_push:
-            meta.Flush_all()
-            np.maximum(self.latest_versions, read, out=self.latest_versions)
+            self._win.meta.Flush_all()
+            np.maximum(counters.latest, read, out=counters.latest)
         # (after a push the versions read are the newest seen)
-        self._versions[:] = read
+        counters.read[:] = read
         if self._trace is not None:
             self._trace.pull(read, flat, after_push)
         return read.copy()
@@ -238,22 +327,21 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         self._check_idle()
         if self.spec.mode != "mailbox":
             raise RuntimeError("pull(guarded=True) is for mailbox transports (their servers write the weights)")
-        meta, weights, no_op = self._win.meta, self._win.weights, self._MPI.NO_OP
-        answered = self._versions.copy()  # complete: a server answers only once its write is done
+        counters, weights = self.counters, self._win.weights
+        answered = counters.read.copy()  # complete: a server answers only once its write is done
         for k, part, target in self._weight_slices(flat):
             weights.Get(part, k, target=target)
         weights.Flush_all()  # the data is here before the marks are read
-        for k, buf in enumerate(self._writing_bufs):
-            meta.Fetch_and_op(self._one_t, buf, k, META_WRITING, op=no_op)
-        meta.Flush_all()
+        counters.start_reads(self._writing_bufs, META_WRITING)
+        self._win.meta.Flush_all()
         if np.array_equal(self._writing, answered):  # no write began before the read ended
             read = answered
         else:  # a write overlapped (or may have: a server marks before it knows it will write)
             self.overlapped_reads += 1
-            self.request_async(Kind.PULL, out=flat).wait()  # sets self._versions
-            read = self._versions.copy()
-        self._versions[:] = read
-        np.maximum(self.latest_versions, read, out=self.latest_versions)
+            self.request_async(Kind.PULL, out=flat).wait()  # sets the versions read
+            read = counters.read.copy()
+        counters.read[:] = read
+        np.maximum(counters.latest, read, out=counters.latest)
         if self._trace is not None:
             self._trace.pull(read, flat, False)
         return read.copy()
@@ -278,10 +366,10 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
 
     def _count_push(self) -> np.ndarray:
         """After a delta was accumulated: make it land, bump the versions, return the staleness."""
-        self._bump_versions()
+        self.counters.bump_versions()
         self._win.weights.Flush_all()
         self._win.meta.Flush_all()
-        return self._push_counted()
+        return self.counters.push_counted()
 
     def accumulate(self, delta: torch.Tensor) -> np.ndarray:
         """The blocking twin of ``accumulate_async``: returns each shard's staleness for this push."""
@@ -303,22 +391,27 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
         read instead of before it: its round trip overlaps the read's (across hosts each is
         a round trip of its own)."""
         self._start_accumulate(delta)
-        self._bump_versions()
+        counters = self.counters
+        counters.bump_versions()
         weights, slices = self._win.weights, self._weight_slices(flat)
         servers = [k for k, _, _ in slices]  # (the shards that hold weights)
         _flush_servers(weights, servers)  # the delta is in the weights before they are read
         for k, part, target in slices:
             self._get(part, k, target)
         _flush_servers(weights, servers)
-        _flush_servers(self._win.meta, range(len(self._fetch_bufs)))  # every shard's version bump
-        staleness = self._push_counted()
-        read = self.latest_versions  # what pull(after_push=True) stands for
-        self._versions[:] = read
+        _flush_servers(self._win.meta, range(self.servers))  # every shard's version bump
+        staleness = counters.push_counted()
+        read = counters.latest  # what pull(after_push=True) stands for
+        counters.read[:] = read
         if self._trace is not None:
             self._trace.pull(read, flat, True)
         return staleness
 
     # --- mailbox ------------------------------------------------------------------------------
+    def push(self, grad: torch.Tensor, out: torch.Tensor, payload: Dict[int, float]) -> Answers:
+        """Push ``grad`` (mailbox mode), wait for the servers' answers, get the new weights into ``out``."""
+        return self.request_async(Kind.PUSH, grad=grad, out=out, payload=payload).wait()
+
     def request_async(self, kind: Kind, *, grad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
                       payload: Optional[Dict[int, float]] = None) -> Pending:
         """Send a mailbox request to every shard's server (mailbox mode).
@@ -380,7 +473,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
             if final_out is not out:
                 final_out.copy_(out)
             answers = Answers(self._answers.copy())
-            self._versions[:] = answers.versions
+            self.counters.read[:] = answers.versions
             if self._trace is not None:
                 self._trace.answered(kind is Kind.PUSH, answers, final_out)
             return answers
@@ -395,7 +488,7 @@ class WindowTransport(MetaAccess, ServerState, WorkerSide):
             return
         if self._pending is not None:
             self._pending.wait()
-        self._send_hist()
+        self.counters.send_hist()
         self._win.meta.Flush_all()
         self._closed = True
         if self._trace is not None:
