@@ -106,7 +106,7 @@ class WindowTransport(Transport):
         self.dropped: List[int] = []  # workers the others went on without (drop_workers)
         self._claim = SlotClaim(self.comm, self.spec) if self.spec.pooled else None
         self._trace = comms.tracer(self._rank, algorithm, mode)  # opt-in record of pushes and pulls
-        self.counters = MetaCounters(self._win.meta, MPI, self.spec, self._rank, self._trace)
+        self.counters = MetaCounters(self._win, MPI, self.spec, self._rank, self._trace)
         self._state = ServerStateLink(self.comm, comms.servers)
 
     # --- what the worker holds ----------------------------------------------------------------

@@ -20,15 +20,16 @@ class MetaCounters:
         latest: per shard, the newest version this worker has seen.
 
     Args:
-        meta: the ``meta`` window (mpi4py's, or the simulator's).
-        MPI: the module it belongs to.
+        windows: the transport's windows (``windows.meta``: mpi4py's, or the simulator's), read at each
+            operation, so that a window put in its place (a test's recording one) is the one used.
+        MPI: the module they belong to.
         spec: the windows' spec (the shards, the workers, the mode).
         rank: this worker.
         trace: the opt-in record of pushes and pulls, or None.
     """
 
-    def __init__(self, meta, MPI, spec: WindowSpec, rank: int, trace=None):
-        self._meta, self._MPI, self._spec, self._rank, self._trace = meta, MPI, spec, int(rank), trace
+    def __init__(self, windows, MPI, spec: WindowSpec, rank: int, trace=None):
+        self._windows, self._MPI, self._spec, self._rank, self._trace = windows, MPI, spec, int(rank), trace
         servers = spec.servers
         self.read = np.zeros(servers, dtype=np.int64)
         self.latest = np.zeros(servers, dtype=np.int64)
@@ -46,7 +47,7 @@ class MetaCounters:
         the meta window). One round trip with the delta: MPI does not order operations on two windows
         before the flush, so a concurrent pull may see the bump before the delta and count at most
         the pushes in flight as one fewer of staleness."""
-        meta, add = self._meta, self._MPI.SUM
+        meta, add = self._windows.meta, self._MPI.SUM
         for k, buf in enumerate(self._fetch_bufs):
             meta.Fetch_and_op(self._one_t, buf, k, META_VERSION, op=add)
 
@@ -74,9 +75,9 @@ class MetaCounters:
         (one ``Accumulate`` of the whole histogram per shard; completed by the caller's flush)."""
         if self._hist_pushes:
             for k in range(self._spec.servers):
-                self._meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
+                self._windows.meta.Accumulate([self._hist_due[k], self._MPI.INT64_T], k,
                                       target=(META_HIST, HIST_BINS, self._MPI.INT64_T), op=self._MPI.SUM)
-            self._meta.Flush_all()  # the buffer is reused right after
+            self._windows.meta.Flush_all()  # the buffer is reused right after
             self._hist_due[:] = 0
             self._hist_pushes = 0
 
@@ -84,7 +85,7 @@ class MetaCounters:
         """Start reading counter ``index`` (the version; ``META_WRITING``: the write a server began) of
         every shard into ``bufs`` (``[[array, MPI type], ...]``, one per shard; completed by a flush of
         the meta window)."""
-        meta, no_op = self._meta, self._MPI.NO_OP
+        meta, no_op = self._windows.meta, self._MPI.NO_OP
         for k, buf in enumerate(bufs):
             meta.Fetch_and_op(self._one_t, buf, k, index, op=no_op)
 
@@ -93,38 +94,38 @@ class MetaCounters:
         """Atomically add ``n`` to the job's shared counter; returns its value before."""
         MPI = self._MPI
         add, old = np.array([n], dtype=np.int64), np.zeros(1, dtype=np.int64)
-        self._meta.Fetch_and_op([add, MPI.INT64_T], [old, MPI.INT64_T], 0, META_COUNTER, op=MPI.SUM)
-        self._meta.Flush(0)
+        self._windows.meta.Fetch_and_op([add, MPI.INT64_T], [old, MPI.INT64_T], 0, META_COUNTER, op=MPI.SUM)
+        self._windows.meta.Flush(0)
         return int(old[0])
 
     def publish_value(self, value: float) -> None:
         """Write this worker's slot of the shared table (a float, e.g. its measured speed)."""
         bits = np.array([value], dtype=np.float64).view(np.int64)
         # REPLACE: an accumulate, so that a worker reading the table meanwhile (read_values) is defined
-        self._meta.Accumulate([bits, self._MPI.INT64_T], 0, target=(META_TABLE + self._rank, 1, self._MPI.INT64_T),
+        self._windows.meta.Accumulate([bits, self._MPI.INT64_T], 0, target=(META_TABLE + self._rank, 1, self._MPI.INT64_T),
                               op=self._MPI.REPLACE)
-        self._meta.Flush(0)
+        self._windows.meta.Flush(0)
 
     def read_values(self) -> np.ndarray:
         """Every worker's slot of the shared table (0.0 where a worker has written nothing)."""
         table = np.zeros(self._spec.workers, dtype=np.int64)
-        self._meta.Get_accumulate(self._no_int64, [table, self._MPI.INT64_T], 0,
+        self._windows.meta.Get_accumulate(self._no_int64, [table, self._MPI.INT64_T], 0,
                                   target=(META_TABLE, self._spec.workers, self._MPI.INT64_T), op=self._MPI.NO_OP)
-        self._meta.Flush(0)
+        self._windows.meta.Flush(0)
         return table.view(np.float64).copy()
 
     def read_stats(self) -> List[Dict[str, Any]]:
         """Every shard's counters as they stand: version, pushes, server busy seconds, staleness
         histogram, and ``sums`` (the ``SUMS`` floats its server program added up, ``ShardHost.add_sums``)."""
         self.send_hist()
-        self._meta.Flush_all()
+        self._windows.meta.Flush_all()
         rows = []
         meta = np.zeros(META_COUNTER, dtype=np.int64)
         for k in range(self._spec.servers):
             # (other workers' pushes add into the version and histogram meanwhile)
-            self._meta.Get_accumulate(self._no_int64, [meta, self._MPI.INT64_T], k,
+            self._windows.meta.Get_accumulate(self._no_int64, [meta, self._MPI.INT64_T], k,
                                       target=(0, META_COUNTER, self._MPI.INT64_T), op=self._MPI.NO_OP)
-            self._meta.Flush(k)
+            self._windows.meta.Flush(k)
             rows.append(stats_row(meta, self._spec.mode))
         return rows
 
