@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import hvd_async
 from hvd_async.algorithms.groups import PushRate
 from hvd_async.algorithms.ps import MailboxAlgorithm, MailboxProgram, MailboxStrategy
-from hvd_async.transport import window as W
+from hvd_async.transport import window
 
 NAME = "staleness-asgd"
 
@@ -48,7 +48,7 @@ class StalenessProgram(MailboxProgram):
         self.sgd.apply_(self.host.weights, grad, self.momentum[worker], **kwargs)
         self.host.bump([staleness])
         self.snapshot(worker)
-        self.host.answer(worker, staleness, W.Status.APPLIED)
+        self.host.answer(worker, staleness, window.Status.APPLIED)
 
 
 class StalenessASGD(MailboxStrategy):

@@ -54,6 +54,44 @@ def hung_processes(pgid: int) -> str:
     return "\n".join(lines)
 
 
+# After every process the command started has exited (mpirun's ranks: zombies it has not reaped), the
+# seconds it has to exit too before it is stopped as stuck in its own teardown: Debian's Open MPI with its
+# external PMIx can deadlock in mpirun's PMIx_server_finalize after a rank's MPI_Abort (open-mpi/ompi#5528's
+# kind), which no rank can end; the training launcher stops it the same way (launcher.ABORT_END_SECONDS).
+STUCK_AFTER_RANKS_SECONDS = 10.0
+STUCK_NOTE = "procs: every rank had exited and {cmd} had not after {s:g} s (its own teardown); stopped it"
+
+
+def _only_zombie_children(pgid: int) -> bool:
+    """Whether every process of group ``pgid`` but its leader has exited (a zombie its parent has not reaped)."""
+    rows = [row.split() for row in group_processes(pgid)]
+    children = [row for row in rows if row and int(row[0]) != pgid]
+    return bool(children) and all(row[2].startswith("Z") for row in children)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, cmd: Sequence[str]) -> str:
+    """``proc``'s output once it has ended; a hang fails the test with where each process was, except a
+    leader stuck after all its children have exited, which is stopped with a note in the output."""
+    deadline, stuck_since = time.time() + timeout, None
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=1.0)  # (a retry after a timeout loses no output)
+            return out
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.time()
+        stuck_since = (stuck_since or now) if _only_zombie_children(proc.pid) else None
+        if stuck_since is not None and now - stuck_since >= STUCK_AFTER_RANKS_SECONDS:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return out + STUCK_NOTE.format(cmd=os.path.basename(cmd[0]), s=STUCK_AFTER_RANKS_SECONDS) + "\n"
+        if now >= deadline:
+            where = hung_processes(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}\n{where}")
+
+
 def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None, cwd: str = ROOT) -> Result:
     """Run ``cmd``; on timeout kill its whole process group and fail (a hang is a bug, not a flake)."""
     # the check scripts' watchdog (tests/mpi/harness.py) fires first and prints where each rank hung
@@ -62,13 +100,7 @@ def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None,
     full_env.update(env or {})
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=cwd, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        where = hung_processes(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}\n{where}")
+    out = _wait(proc, timeout, cmd)
     deadline = time.time() + 10
     while _group_alive(proc.pid) and time.time() < deadline:
         time.sleep(0.1)

@@ -74,11 +74,11 @@ def _program_bytes(cls, spec: window.WindowSpec) -> int:
 
 
 def window_copies(spec: window.WindowSpec) -> float:
-    """Copies of the shard (4 bytes an element) in its windows: weights, inbox slots, outbox."""
-    if spec.mode != "mailbox":
-        return 1.0
+    """Copies of the shard (4 bytes an element) in its windows: weights, inbox slots, outbox (shard 0's,
+    whose size the others' are within an element of)."""
+    sizes = spec.sizes(0)
     wire = np.dtype(spec.wire_dtype).itemsize / 4
-    return 1.0 + wire * (spec.inbox_slots + (spec.workers if spec.outbox else 0))
+    return 1.0 + wire * (sizes.inbox + sizes.outbox) / max(1, sizes.weights)
 
 
 def shard_copies(algo: str, workers: int, options: Optional[Dict[str, Any]] = None) -> Dict[str, float]:

@@ -36,11 +36,11 @@ class MemoryWindows:
     nothing to lock, sync or free."""
 
     def __init__(self, spec: window.WindowSpec, shard: int):
-        n, mailbox = spec.shard_len(shard), spec.mode == "mailbox"
+        sizes = spec.sizes(shard)
         wire = torch.float16 if spec.wire == "fp16" else torch.float32
-        self._arrays = (np.zeros(spec.meta_len, dtype=np.int64), torch.zeros(n, dtype=torch.float32),
-                        torch.zeros(n * spec.inbox_slots, dtype=wire) if mailbox else None,
-                        torch.zeros(n * spec.workers, dtype=wire) if mailbox and spec.outbox else None)
+        self._arrays = (np.zeros(sizes.meta, dtype=np.int64), torch.zeros(sizes.weights, dtype=torch.float32),
+                        torch.zeros(sizes.inbox, dtype=wire) if spec.mode == "mailbox" else None,
+                        torch.zeros(sizes.outbox, dtype=wire) if spec.mode == "mailbox" and spec.outbox else None)
 
     def arrays(self):
         return self._arrays

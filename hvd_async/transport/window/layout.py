@@ -4,7 +4,7 @@ specification worker 0 sends the servers, and the window allocation (see :mod:`h
 import os
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,7 +18,7 @@ __all__ = [  # what hvd_async.transport.window re-exports
     "TAG_GRANT",
     "MODES", "OSC_HINT", "ATOMIC_READS_ENV", "atomic_read_targets", "staleness_summary", "shard_bounds",
     "pushes_in", "stats_row", "named_sums",
-    "WindowSpec", "ShardStats", "Pending",
+    "WindowSpec", "WindowSizes", "ShardStats", "Pending",
 ]
 
 HIST_BINS = 64
@@ -222,6 +222,25 @@ class WindowSpec:
         start, stop = shard_bounds(self.numel, self.servers)[shard]
         return stop - start
 
+    def sizes(self, shard: Optional[int]) -> "WindowSizes":
+        """Elements of each window on the rank holding ``shard`` (None: a worker's, all empty): the one
+        place they are decided, for the real windows, the simulator's memory and the memory table."""
+        if shard is None:
+            return WindowSizes(0, 0, 0, 0)
+        n, mailbox = self.shard_len(shard), self.mode == "mailbox"
+        return WindowSizes(self.meta_len, n, n * self.inbox_slots if mailbox else 0,
+                           n * self.workers if mailbox and self.outbox else 0)
+
+
+class WindowSizes(NamedTuple):
+    """Elements of one rank's windows: ``meta`` (int64), ``weights`` (fp32), ``inbox`` and ``outbox``
+    (the wire's type; 0 where the mode has none)."""
+
+    meta: int
+    weights: int
+    inbox: int
+    outbox: int
+
 
 @dataclass
 class ShardStats:
@@ -294,13 +313,12 @@ class _Windows:
     def __init__(self, comm, spec: WindowSpec, shard: Optional[int], mpi=None):
         MPI = mpi_module(mpi)
         self.spec, self.shard = spec, shard
-        n = spec.shard_len(shard) if shard is not None else 0
-        mailbox = spec.mode == "mailbox"
+        sizes = spec.sizes(shard)
         self.atomic = atomic_read_targets(comm, MPI)  # the ranks whose weights a worker reads atomically
-        self.meta = _allocate(comm, spec.meta_len if shard is not None else 0, np.int64, MPI)
-        self.weights = _allocate(comm, n, np.float32, MPI)
-        self.inbox = _allocate(comm, n * spec.inbox_slots if mailbox else 0, spec.wire_dtype, MPI)
-        self.outbox = _allocate(comm, n * spec.workers if mailbox and spec.outbox else 0, spec.wire_dtype, MPI)
+        self.meta = _allocate(comm, sizes.meta, np.int64, MPI)
+        self.weights = _allocate(comm, sizes.weights, np.float32, MPI)
+        self.inbox = _allocate(comm, sizes.inbox, spec.wire_dtype, MPI)
+        self.outbox = _allocate(comm, sizes.outbox, spec.wire_dtype, MPI)
 
     def all(self):
         return [self.meta, self.weights, self.inbox, self.outbox]
@@ -310,12 +328,12 @@ class _Windows:
         mailbox mode the wire-typed tensors of every inbox slot and every worker's outbox slot, else None)."""
         import torch
 
-        spec = self.spec
-        n, mailbox = spec.shard_len(self.shard), spec.mode == "mailbox"
-        meta = _window_array(self.meta, spec.meta_len, np.int64)
-        weights = torch.from_numpy(_window_array(self.weights, n, np.float32))
-        inbox = torch.from_numpy(_window_array(self.inbox, n * spec.inbox_slots, spec.wire_dtype)) if mailbox else None
-        outbox = (torch.from_numpy(_window_array(self.outbox, n * spec.workers, spec.wire_dtype))
+        spec, sizes = self.spec, self.spec.sizes(self.shard)
+        mailbox = spec.mode == "mailbox"
+        meta = _window_array(self.meta, sizes.meta, np.int64)
+        weights = torch.from_numpy(_window_array(self.weights, sizes.weights, np.float32))
+        inbox = torch.from_numpy(_window_array(self.inbox, sizes.inbox, spec.wire_dtype)) if mailbox else None
+        outbox = (torch.from_numpy(_window_array(self.outbox, sizes.outbox, spec.wire_dtype))
                   if mailbox and spec.outbox else None)
         return meta, weights, inbox, outbox
 
