@@ -22,9 +22,9 @@
 # lists the devices); otherwise TCP. Slurm: launch with `srun --mpi=pmix`, whose PMIx server
 # (the host's Slurm plugin) speaks to the image's PMIx client across PMIx versions 3 and later.
 #   pyxis/enroot:  srun --mpi=pmix --container-image=REGISTRY#hvd_async:latest --container-mounts=/data:/data \
-#                    python -m hvd_async.train --np "$SLURM_NTASKS" --device auto ...
+#                    python -m hvd_async.job.train --np "$SLURM_NTASKS" --device auto ...
 #   Apptainer:     apptainer build hvd_async.sif docker-daemon://hvd_async:latest
-#                  PROGRAM="apptainer exec --nv hvd_async.sif python -m hvd_async.train --np 8 --device auto" \
+#                  PROGRAM="apptainer exec --nv hvd_async.sif python -m hvd_async.job.train --np 8 --device auto" \
 #                    NODES=2 GPUS_PER_NODE=4 launch/slurm.sbatch --config dc-asgd
 #   (an srun that lists no pmix in `srun --mpi=list`: mpirun inside the allocation, launch/mpirun.sh)
 #

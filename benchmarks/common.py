@@ -31,7 +31,7 @@ def program(script: str):
 def relaunch(script: str, np: int, mpi_args: str = "") -> int:
     """Run ``script`` with the same arguments on ``np`` ranks through the project's launcher."""
     sys.path.insert(0, ROOT)
-    from hvd_async.launcher import mpirun_command, run
+    from hvd_async.job.launcher import mpirun_command, run
 
     return run(mpirun_command(np, program(script), mpi_args=mpi_args)).code
 
@@ -303,7 +303,7 @@ def cli_job(command: str, flags, *, timeout: float = 1800) -> dict:
     (exits on failure)."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.json")
-        cmd = [sys.executable, "-m", "hvd_async.cli", command, *map(str, flags), "--metrics-out", metrics]
+        cmd = [sys.executable, "-m", "hvd_async.job.cli", command, *map(str, flags), "--metrics-out", metrics]
         done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout)
         if done.returncode != 0:

@@ -66,7 +66,7 @@ def not_applicable(algo: str, fault: str) -> str:
 def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root: str):
     """Run ``job`` under mpirun in its own process group: (output, exit status or None if it hung,
     seconds from its start to its end, the start, whether processes were left, what was alive at a hang)."""
-    from hvd_async.launcher import mpirun_command
+    from hvd_async.job.launcher import mpirun_command
 
     names, env = list(env), dict(os.environ, PYTHONUNBUFFERED="1", **env)  # (mpirun passes ``names`` on)
     if package_root:  # the hvd_async under test comes from there

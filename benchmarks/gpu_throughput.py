@@ -505,7 +505,7 @@ def main(argv=None) -> int:
     if args.rank_part:
         return rank_main(args)
     sys.path.insert(0, ROOT)
-    from hvd_async.launcher import mpirun_command
+    from hvd_async.job.launcher import mpirun_command
 
     failed = []
     for part in (PARTS if args.part == "all" else (args.part,)):

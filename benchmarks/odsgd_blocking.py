@@ -82,7 +82,7 @@ def bench(args) -> int:
     from mpi4py import MPI
 
     import hvd_async as ha
-    from hvd_async.job_process import exit_process
+    from hvd_async.job.job_process import exit_process
 
     ha.init(servers=1)
     if ha.is_server():

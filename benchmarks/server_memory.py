@@ -101,7 +101,7 @@ def _write(out_dir: str, role: str, peak: int) -> None:
 def run_job(algo: str, workers: int, numel: int, steps: int, timeout: float, inbox_slots=None,
             shared_momentum=False, checkpoint="none") -> dict:
     """Peak resident bytes of the server and of worker 0 in one job."""
-    from hvd_async.launcher import mpirun_command
+    from hvd_async.job.launcher import mpirun_command
 
     with tempfile.TemporaryDirectory() as out_dir:
         cmd = mpirun_command(workers + 1, [sys.executable, os.path.abspath(__file__), "--rank-job", "--algos", algo,

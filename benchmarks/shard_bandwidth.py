@@ -66,7 +66,7 @@ def cpu_counters():
 def launch(args) -> int:
     """One mpirun per shard count; gather the jobs' results, print the table, write the record."""
     sys.path.insert(0, ROOT)
-    from hvd_async.launcher import mpirun_command, run
+    from hvd_async.job.launcher import mpirun_command, run
 
     mpi_args = NO_SHM_MPI_ARGS if args.mode == "no-shm" else ""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -130,7 +130,7 @@ def bench(args) -> int:
     from mpi4py import MPI
 
     import hvd_async as ha
-    from hvd_async.job_process import exit_process
+    from hvd_async.job.job_process import exit_process
     from hvd_async.transport.window import WindowTransport
 
     servers = args.server_counts[0]

@@ -66,7 +66,7 @@ class _EpochWatch(io.TextIOBase):
 
 def _child(argv: Sequence[str], conn) -> None:
     from hvd_async.sim import simulate
-    from hvd_async.train import TrainingStopped
+    from hvd_async.job.train import TrainingStopped
 
     watch = _EpochWatch()
     try:

@@ -80,7 +80,7 @@ class DelayModel:
 
     @classmethod
     def of_job(cls, job, worker: int, factor: float) -> "DelayModel":
-        """Worker ``worker``'s model in the job ``job`` (a :class:`~hvd_async.jobspec.JobOptions`:
+        """Worker ``worker``'s model in the job ``job`` (a :class:`~hvd_async.job.jobspec.JobOptions`:
         ``--delay-dist``, ``--compute-ms``, ``--delay-shape``, ``--seed``), stretched by ``factor``."""
         return cls(job.delay_dist, mean_ms=job.compute_ms, shape=job.delay_shape, seed=job.seed, worker=worker,
                    factor=factor)

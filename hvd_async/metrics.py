@@ -108,7 +108,7 @@ def time_to_target(curve: Sequence[Tuple[float, float]], target: float) -> Optio
 
 
 def print_result(spec, record: Dict, *, simulated: bool = False) -> None:
-    """The job's last lines on stdout (``spec``: the :class:`~hvd_async.jobspec.JobSpec`): the result,
+    """The job's last lines on stdout (``spec``: the :class:`~hvd_async.job.jobspec.JobSpec`): the result,
     and where the metrics file went."""
     job = spec.job
     if simulated:

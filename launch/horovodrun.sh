@@ -42,5 +42,5 @@ mpi_args=()
 if [[ -n ${PROGRAM:-} ]]; then
   exec horovodrun --mpi "${mpi_args[@]}" -np "$NP" "${hosts[@]}" $PROGRAM "$@"
 fi
-exec horovodrun --mpi "${mpi_args[@]}" -np "$NP" "${hosts[@]}" python -m hvd_async.train --np "$NP" \
+exec horovodrun --mpi "${mpi_args[@]}" -np "$NP" "${hosts[@]}" python -m hvd_async.job.train --np "$NP" \
   --device "${DEVICE:-auto}" "$@"

@@ -52,7 +52,7 @@ env_args=()
 while read -r name; do
   env_args+=(-x "$name")
 done < <(compgen -e | grep -E '^(NCCL|UCX|HVD_ASYNC)_' || true)
-read -r -a program <<<"${PROGRAM:-python -m hvd_async.train --np $NP --device ${DEVICE:-auto}}"
+read -r -a program <<<"${PROGRAM:-python -m hvd_async.job.train --np $NP --device ${DEVICE:-auto}}"
 read -r -a extra <<<"${MPI_ARGS:-}"
 exec mpirun -np "$NP" --hostfile "$HOSTFILE" --map-by "$map_by" --bind-to none \
   -x PATH -x LD_LIBRARY_PATH -x PYTHONUNBUFFERED=1 "${env_args[@]}" \

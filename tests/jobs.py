@@ -47,7 +47,7 @@ class BackgroundJob:
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
                 if (child.environ().get("OMPI_COMM_WORLD_RANK") == str(world_rank)
-                        and "hvd_async.train" in " ".join(child.cmdline())):
+                        and "hvd_async.job.train" in " ".join(child.cmdline())):
                     return child
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -114,7 +114,7 @@ def mpirun(np: int, program: Sequence[str], *, no_shm: bool = False, timeout: fl
            env: Optional[dict] = None, mpi_args: Sequence[str] = ()) -> Result:
     """``program`` on ``np`` ranks through the project's own launcher command line (``mpi_args``:
     more mpirun options)."""
-    from hvd_async.launcher import mpirun_command
+    from hvd_async.job.launcher import mpirun_command
 
     cmd = mpirun_command(np, program, mpi_args=" ".join([*(NO_SHM if no_shm else []), *mpi_args]),
                          env=list((env or {}).keys()))

@@ -35,7 +35,7 @@ def test_backup_sgd_trains_past_a_straggler(tmp_path):
     the fast workers' pace, the straggler's late gradients are dropped, and digits still trains (an
     ssgd run of the same settings reached 0.950)."""
     metrics = tmp_path / "m.json"
-    result = run(python("-m", "hvd_async.cli", "train", "--algo", "backup-sgd", "--np", "5", "--servers", "1",
+    result = run(python("-m", "hvd_async.job.cli", "train", "--algo", "backup-sgd", "--np", "5", "--servers", "1",
                         "--straggler", "3=3", "--compute-ms", "10", "--epochs", "6",
                         "--metrics-out", str(metrics), "--progress", "epochs"), timeout=300)
     assert result.returncode == 0, result.out[-4000:]

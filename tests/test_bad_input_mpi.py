@@ -51,9 +51,9 @@ def test_workers_whose_models_differ_are_refused_on_every_worker():
 
 
 def test_servers_at_least_ranks_under_plain_mpirun():
-    result = mpirun(2, python("-m", "hvd_async.train", "--algo", "asgd", "--servers", "2"), timeout=120)
+    result = mpirun(2, python("-m", "hvd_async.job.train", "--algo", "asgd", "--servers", "2"), timeout=120)
     assert result.returncode == 2, result.out[-3000:]
-    assert _error_lines(result.out) == ["hvd_async.train: error: --servers 2 leaves no worker: --np 2 counts every "
+    assert _error_lines(result.out) == ["hvd_async.job.train: error: --servers 2 leaves no worker: --np 2 counts every "
                                         "MPI process, servers included; use --servers < 2 or a larger --np"], result.out
     assert "Traceback" not in result.out
 
@@ -151,10 +151,10 @@ def test_corrupt_checkpoint_under_resume(tmp_path):
     with open(path, "wb") as out:
         out.write(os.urandom(512))
     # the job's own check (the launcher refuses before mpirun: tests/test_checkpoint_resume.py)
-    result = mpirun(2, python("-m", "hvd_async.train", "--np", "2", "--epochs", "2", "--checkpoint-dir",
+    result = mpirun(2, python("-m", "hvd_async.job.train", "--np", "2", "--epochs", "2", "--checkpoint-dir",
                               str(tmp_path), "--resume"), timeout=120)
     assert result.returncode == 2, result.out[-3000:]
     lines = _error_lines(result.out)
-    assert len(lines) == 1 and lines[0].startswith(f"hvd_async.train: error: checkpoint {path} is truncated, "
+    assert len(lines) == 1 and lines[0].startswith(f"hvd_async.job.train: error: checkpoint {path} is truncated, "
                                                    f"corrupt or not a torch file ("), result.out[-3000:]
     assert lines[0].endswith("); use an older checkpoint or start without --resume") and "Traceback" not in result.out

@@ -26,7 +26,7 @@ def test_state_round_trips_exactly(np, servers, no_shm):
     assert f"STATE CHECKS OK {expected}" in result.out, result.out[-3000:]
 
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 
 
 def train(*argv, timeout=300):
@@ -34,14 +34,16 @@ def train(*argv, timeout=300):
 
 
 def final_checkpoint(directory):
-    from hvd_async import checkpoint, jobstate
+    from hvd_async import checkpoint
+    from hvd_async.job import jobstate
 
     return jobstate.read_whole(checkpoint.latest(str(directory)))
 
 
 def shard_states(directory):
     """The servers' shards of the newest checkpoint in ``directory``, read from their own files."""
-    from hvd_async import checkpoint, jobstate
+    from hvd_async import checkpoint
+    from hvd_async.job import jobstate
 
     path = checkpoint.latest(str(directory))
     named = jobstate.read_whole(path)["workers"][0]["algorithm"]["strategy"]["servers"]
@@ -50,7 +52,8 @@ def shard_states(directory):
 
 def whole(path):
     """Every file of the job checkpoint at ``path`` loads: its own, the workers' parts, the shards'."""
-    from hvd_async import checkpoint, jobstate
+    from hvd_async import checkpoint
+    from hvd_async.job import jobstate
 
     state = jobstate.read_whole(path)
     named = state["workers"][0]["algorithm"]["strategy"].get("servers", [])
@@ -126,7 +129,7 @@ def test_ssgd_resume_is_bit_exact(tmp_path, every, stop_at):
         first = train(*common, "--epochs", "2", "--checkpoint-dir", str(resumed))
         assert first.returncode == 0, first.out[-3000:]
     else:  # the same (deterministic) run cut off: the straight run's checkpoints up to stop_at
-        from hvd_async import jobstate
+        from hvd_async.job import jobstate
 
         resumed.mkdir()
         for path in straight.glob("ckpt-*.pt"):

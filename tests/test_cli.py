@@ -9,7 +9,7 @@ from procs import mpirun, python, run
 
 from hvd_async import registry
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -46,12 +46,12 @@ def test_job_reports_bad_data_files_once_and_exits_2(tmp_path):
     result = run(CLI + ["train", "--np", "2", "--dataset", "mnist", "--data-dir", str(tmp_path),
                         "--epochs", "1"], timeout=120)
     assert result.returncode == 2, result.out
-    assert result.out.count("hvd_async.train: error: MNIST files missing in") == 1, result.out
+    assert result.out.count("hvd_async.job.train: error: MNIST files missing in") == 1, result.out
     assert "Traceback" not in result.out
 
 
 def test_job_under_plain_mpirun_checks_np():
-    result = mpirun(2, python("-m", "hvd_async.train", "--np", "3"), timeout=120)
+    result = mpirun(2, python("-m", "hvd_async.job.train", "--np", "3"), timeout=120)
     assert result.returncode == 2
     assert result.out.count("--np 3 does not match the 2 MPI processes") == 1, result.out
 
@@ -171,7 +171,7 @@ def test_device_cuda_without_a_gpu():
     result = run(CLI + ["train", "--np", "2", "--device", "cuda", "--epochs", "1"], timeout=120)
     assert result.returncode == 2, result.out[-3000:]
     errors = [line for line in result.out.splitlines() if "error:" in line]
-    assert errors == ["hvd_async.train: error: --device cuda: this process sees no CUDA device "
+    assert errors == ["hvd_async.job.train: error: --device cuda: this process sees no CUDA device "
                       "(torch.cuda.is_available() is False); use --device cpu, or check the GPUs and "
                       "CUDA_VISIBLE_DEVICES"], result.out[-3000:]
     # the launcher's first line says what starts; it drops mpirun's banner that repeats that a process

@@ -7,9 +7,9 @@ import re
 
 from procs import ROOT, python, run
 
-from hvd_async import doctor
+from hvd_async.job import doctor
 
-DOCTOR = python("-m", "hvd_async.cli", "doctor")
+DOCTOR = python("-m", "hvd_async.job.cli", "doctor")
 NAMES = ["mpirun", "mpi4py", "MPI one-sided windows between 2 ranks", "Open MPI's one-sided components", "Horovod",
          "GPUs per rank", "/dev/shm"]
 

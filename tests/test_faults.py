@@ -38,7 +38,7 @@ def test_the_line_naming_the_worker_is_the_last_thing_on_stderr():
     naming the worker is the last line on stderr, with none of Open MPI's below it (neither the MPI_ABORT
     banner nor mpirun's "ORTE_ERROR_LOG ... show_help.c" where that banner reached it cut short)."""
     env = {"ALGO": "asgd", "FAULT": "data-error", "SERVERS": "1", "LEAVER": str(faults.LEAVER)}
-    launch = ("import os, sys; from hvd_async import launcher; "
+    launch = ("import os, sys; from hvd_async.job import launcher; "
               "os.dup2(os.open(os.devnull, os.O_WRONLY), 1); "  # the ranks' stdout: only stderr is kept
               "cmd = launcher.mpirun_command(int(sys.argv[1]), [sys.executable, sys.argv[2]], env=sys.argv[3:]); "
               "sys.exit(launcher.run(cmd).code)")

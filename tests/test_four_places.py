@@ -130,7 +130,7 @@ def test_a_new_algorithm_takes_four_places(tmp_path):
     summary = result.out.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, summary  # (a skip is no pass)
 
-    simulated = run([sys.executable, "-m", "hvd_async.cli", "simulate", "--algo", NAME, "--workers", "3",
+    simulated = run([sys.executable, "-m", "hvd_async.job.cli", "simulate", "--algo", NAME, "--workers", "3",
                      "--epochs", "1", "--toy-knob", "2"], cwd=copy, env=env, timeout=300)
     assert simulated.returncode == 0 and "accuracy" in simulated.out, simulated.out[-3000:]
 

@@ -31,7 +31,7 @@ pytestmark = [
 ]
 
 CHECKS = python("tests/mpi/gpu_checks.py")
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 HOSTID = {"HVD_ASYNC_NCCL_HOSTID_PER_RANK": "1", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
 WAYS = {"plain": {}, "hostid": HOSTID}
 

@@ -10,7 +10,7 @@ import pytest
 from jobs import BackgroundJob
 from procs import python
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 
 
 def _mpirun(job):

@@ -44,12 +44,12 @@ def cluster():
 
 
 def test_ssgd_job_across_hosts_equals_one_node(cluster, tmp_path):
-    argv = ["-m", "hvd_async.train", "--epochs", "3"]
+    argv = ["-m", "hvd_async.job.train", "--epochs", "3"]
     across, local = tmp_path / "across.json", tmp_path / "local.json"
     result = run(["bash", TOOL, "mpirun", "-np", "4", *python(*argv, "--metrics-out", str(across))],
                  timeout=300, env=ENV)
     assert result.returncode == 0, result.out[-5000:]
-    result = run(python("-m", "hvd_async.cli", "train", "--np", "4", "--epochs", "3",
+    result = run(python("-m", "hvd_async.job.cli", "train", "--np", "4", "--epochs", "3",
                         "--metrics-out", str(local)), timeout=300)
     assert result.returncode == 0, result.out[-5000:]
     a, b = json.loads(across.read_text()), json.loads(local.read_text())
@@ -75,7 +75,7 @@ def test_parameter_server_checks_across_hosts(cluster, np, servers):
 def test_dc_asgd_job_across_hosts(cluster, tmp_path):
     metrics = tmp_path / "dc.json"
     result = run(["bash", TOOL, "mpirun", "-np", "5",
-                  *python("-m", "hvd_async.train", "--algo", "dc-asgd", "--servers", "1",
+                  *python("-m", "hvd_async.job.train", "--algo", "dc-asgd", "--servers", "1",
                           "--metrics-out", str(metrics))], timeout=400, env=ENV)
     assert result.returncode == 0, result.out[-5000:]
     record = json.loads(metrics.read_text())
@@ -96,7 +96,7 @@ def test_gossip_checks_across_hosts(cluster, np):
 def test_gossip_job_across_hosts(cluster, tmp_path):
     metrics = tmp_path / "gossip.json"
     result = run(["bash", TOOL, "mpirun", "-np", "3",
-                  *python("-m", "hvd_async.train", "--algo", "gossip", "--epochs", "5",
+                  *python("-m", "hvd_async.job.train", "--algo", "gossip", "--epochs", "5",
                           "--metrics-out", str(metrics))], timeout=400, env=ENV)
     assert result.returncode == 0, result.out[-5000:]
     record = json.loads(metrics.read_text())

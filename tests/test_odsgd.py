@@ -7,7 +7,7 @@ import pytest
 
 from procs import mpirun, python, run
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 MODES = {"shm": False, "no-shm": True}
 CHECKS = "ODSGD CHECKS OK recurrence delayed synchronize_midway nonfinite overlap"
 

@@ -174,7 +174,7 @@ def test_an_installed_package_finds_its_presets_by_name(tmp_path):
     installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    found = subprocess.run([sys.executable, "-c", "from hvd_async import config; print(config.config_file('dc-asgd'))"],
+    found = subprocess.run([sys.executable, "-c", "from hvd_async.job import config; print(config.config_file('dc-asgd'))"],
                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr
@@ -225,7 +225,7 @@ def test_mpirun_recipe_maps_server_placement(tmp_path):
         out = _recipe("mpirun.sh", dict(env, PLACE=place), "--algo", "asgd")
         assert out.returncode == 0, out.stderr
         assert mapping in out.stdout and "--mca osc ucx" in out.stdout, out.stdout
-        assert out.stdout.rstrip().endswith("python -m hvd_async.train --np 6 --device auto --algo asgd"), out.stdout
+        assert out.stdout.rstrip().endswith("python -m hvd_async.job.train --np 6 --device auto --algo asgd"), out.stdout
     bad = _recipe("mpirun.sh", dict(env, PLACE="x"))
     assert bad.returncode == 2 and "PLACE must be spread or packed" in bad.stderr
 
@@ -367,7 +367,7 @@ def test_kubeflow_manifest_matches_the_image():
     assert args[args.index("--np") + 1] == str(np_)  # the job checks its --np against the MPI world
     assert "ucx" in args
     preset = args[args.index("--config") + 1]
-    assert preset in __import__("hvd_async.config", fromlist=["preset_names"]).preset_names()  # packaged
+    assert preset in __import__("hvd_async.job.config", fromlist=["preset_names"]).preset_names()  # packaged
     users = [a for w, a in _instructions(_read("Dockerfile")) if w == "USER"]
     for spec in (launcher, worker):
         assert spec["securityContext"]["runAsUser"] == int(users[-1].split(":")[0])
@@ -382,10 +382,10 @@ def test_kubeflow_manifest_runs_the_program_in_its_env(tmp_path):
     job, launcher, _ = _mpijob()
     args = launcher["args"]
     env = {e["name"]: e["value"] for e in launcher["env"]}
-    assert env["PROGRAM"] == "python -m hvd_async.train" and args[args.index("PROGRAM") - 1] == "-x"
+    assert env["PROGRAM"] == "python -m hvd_async.job.train" and args[args.index("PROGRAM") - 1] == "-x"
     shell = args.index("/bin/sh")
     flags = args[shell + 4:]
-    for program, expected in (("echo python -m hvd_async.train", "python -m hvd_async.train"),
+    for program, expected in (("echo python -m hvd_async.job.train", "python -m hvd_async.job.train"),
                               ("echo python /data/my train.py", "python /data/my train.py")):
         ran = subprocess.run(args[shell:shell + 4] + flags, env={"PROGRAM": program, "PATH": os.environ["PATH"]},
                              capture_output=True, text=True, timeout=30)

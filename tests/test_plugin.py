@@ -10,11 +10,12 @@ import pytest
 
 from procs import ROOT, mpirun, python, run
 
-from hvd_async import config, registry
+from hvd_async import registry
+from hvd_async.job import config
 from hvd_async.algorithms.algorithm import Algorithm
 from hvd_async.algorithms.base import Strategy
 from hvd_async.sim import simulate
-from hvd_async.train import TrainingStopped
+from hvd_async.job.train import TrainingStopped
 
 PLUGIN = os.path.join(ROOT, "examples", "local_sgd.py")
 PRESET = os.path.join(ROOT, "examples", "local_sgd.yaml")
@@ -46,7 +47,7 @@ def test_plugin_in_the_training_job(how, tmp_path):
     metrics = tmp_path / "m.json"
     argv = (["--plugin", PLUGIN, "--algo", "local-sgd", "--local-sgd-period", "2", "--np", "2"] if how == "flags"
             else ["--config", PRESET, "--np", "3"])
-    result = run(python("-m", "hvd_async.cli", "train", *argv, "--epochs", "2", "--metrics-out", str(metrics),
+    result = run(python("-m", "hvd_async.job.cli", "train", *argv, "--epochs", "2", "--metrics-out", str(metrics),
                         "--progress", "epochs"), timeout=120)
     assert result.returncode == 0, result.out[-4000:]
     record = json.loads(metrics.read_text())

@@ -12,7 +12,8 @@ import yaml
 
 from procs import ROOT, python, run
 
-from hvd_async import config, options, registry
+from hvd_async import options, registry
+from hvd_async.job import config
 
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "launch", "presets", "*.yaml")))
 WORKERS = 2
@@ -98,7 +99,7 @@ def _small(spec):
 def test_preset_trains_on_digits(path, tmp_path):
     spec = config.validate(config.parse(["--config", path]))
     metrics = tmp_path / "m.json"
-    result = run(python("-m", "hvd_async.cli", "train", "--config", path, *_small(spec),
+    result = run(python("-m", "hvd_async.job.cli", "train", "--config", path, *_small(spec),
                         "--metrics-out", str(metrics), "--progress", "epochs"), timeout=120)
     assert result.returncode == 0, result.out[-4000:]
     record = json.loads(metrics.read_text())

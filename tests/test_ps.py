@@ -8,7 +8,7 @@ import pytest
 
 from procs import mpirun, python, run
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 MODES = {"shm": False, "no-shm": True}
 
 
@@ -141,7 +141,7 @@ def test_windows_that_cannot_be_created_fail_with_the_mca_setting_to_use():
                "    p = torch.nn.Parameter(torch.zeros(3))\n"
                "    ha.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[('p', p)], "
                "algorithm='asgd')\n")
-    from hvd_async.launcher import mpirun_command
+    from hvd_async.job.launcher import mpirun_command
 
     result = run(mpirun_command(3, python("-c", program), mpi_args="--mca osc pt2pt"), timeout=120)
     assert result.returncode != 0

@@ -258,4 +258,4 @@ def test_the_recipe_runs_the_users_script_shaped_by_its_variables(slurm, tmp_pat
         f"USER SCRIPT worker {w} of 2, args ['--lr-note', 'x y']" for w in (0, 1)], text[-3000:]
     assert all(float(line.rsplit(" ", 1)[1]) < 1.0 for line in lines), lines  # (it trained: 4 at the start)
     assert re.search(r"NumNodes=1 NumCPUs=3 NumTasks=3 ", show) and "OverSubscribe=OK" in show, show
-    assert "hvd_async.train" not in text, text[-3000:]
+    assert "hvd_async.job.train" not in text, text[-3000:]

@@ -183,7 +183,7 @@ def test_job(case, tmp_path, stress_facts):
     """A short training job with random options and delays: exit 0, valid metrics, nothing left running."""
     what = _describe(case, "training job")
     metrics = tmp_path / "metrics.json"
-    argv = python("-m", "hvd_async.cli", "train", "--algo", case["algo"], "--np", str(case["np"]),
+    argv = python("-m", "hvd_async.job.cli", "train", "--algo", case["algo"], "--np", str(case["np"]),
                   "--servers", str(case["servers"]), "--epochs", str(case["epochs"]),
                   "--seed", str(case["job_seed"]), "--compute-ms", str(case["compute_ms"]),
                   "--progress", "epochs", "--metrics-out", str(metrics), *case["options"])

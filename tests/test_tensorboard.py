@@ -10,7 +10,7 @@ import pytest
 
 from procs import python, run
 
-CLI = python("-m", "hvd_async.cli")
+CLI = python("-m", "hvd_async.job.cli")
 EPOCHS, WORKERS = 2, 2
 
 GLOBAL = ["accuracy/test", "loss/train", "throughput/samples_per_second", "time/exchange_wait_ms_per_step",

@@ -13,7 +13,7 @@ per-worker compute times (:mod:`.delays`). The same seed gives the same record, 
 def simulate(args) -> dict:
     """Run one simulated job; ``args`` is an argv list or an ``argparse.Namespace`` (missing options
     take their defaults). Returns the metrics record (also written to ``--metrics-out``). Raises
-    ``ConfigError`` on a bad option and ``hvd_async.train.TrainingStopped`` after ``--max-nonfinite``
+    ``ConfigError`` on a bad option and ``hvd_async.job.train.TrainingStopped`` after ``--max-nonfinite``
     non-finite gradients in a row (as ``hvd-async train`` stops)."""
     from .runner import simulate as _simulate
 

@@ -1,4 +1,4 @@
-"""The simulated training job: ``hvd_async.train``'s worker loop on every simulated worker, on the virtual clock.
+"""The simulated training job: ``hvd_async.job.train``'s worker loop on every simulated worker, on the virtual clock.
 
 Each worker builds what a real worker builds (``data.load_dataset``, ``models.build_model`` after
 ``torch.manual_seed(seed)``, a ``torch.optim.SGD`` wrapped in a real
@@ -20,9 +20,9 @@ from typing import Dict, List, Optional
 import torch
 
 from .. import models, registry
-from ..config import ConfigError
+from ..job.config import ConfigError
 from ..delays import DelayModel
-from ..jobspec import JobSpec
+from ..job.jobspec import JobSpec
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
 from ..transport import window
@@ -30,7 +30,7 @@ from ..transport.horovod import HorovodTransport
 from ..transport.peer import PeerWindowTransport
 from ..transport.trace import Trace, Tracer
 from ..transport.window import WindowTransport
-from ..worker_loop import Host, WorkerLoop
+from ..job.worker_loop import Host, WorkerLoop
 from .clock import Scheduler
 from .horovod import SimHorovod
 from .mpi import SimCommunicator, SimMPI, SimWorld
@@ -150,7 +150,7 @@ class SimComms:
 
 
 def run_job(spec: JobSpec, sim: SimOptions, splits) -> Dict:
-    """Simulate the job; returns the metrics record (the same keys as ``hvd_async.train``'s)."""
+    """Simulate the job; returns the metrics record (the same keys as ``hvd_async.job.train``'s)."""
     cluster = Cluster(spec, sim)
     delays = worker_delays(spec, sim)
 

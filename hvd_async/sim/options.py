@@ -1,17 +1,19 @@
 """``hvd-async simulate``'s options: every option of ``hvd-async train`` plus the simulator's own.
 
-The parser is :func:`hvd_async.config.build_parser` (so every algorithm flag means what it means for
-``train``) with the simulator's options added; values are checked by :func:`hvd_async.config.validate`
+The parser is :func:`hvd_async.job.config.build_parser` (so every algorithm flag means what it means for
+``train``) with the simulator's options added; values are checked by :func:`hvd_async.job.config.validate`
 with ``world_size = workers + servers`` and then by :func:`check`, which returns the job's
-:class:`~hvd_async.jobspec.JobSpec` and the simulator's :class:`SimOptions`. Every bad value raises
-:class:`~hvd_async.config.ConfigError` with one line.
+:class:`~hvd_async.job.jobspec.JobSpec` and the simulator's :class:`SimOptions`. Every bad value raises
+:class:`~hvd_async.job.config.ConfigError` with one line.
 """
 import argparse
 import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import config, options, registry
+from .. import options, registry
+
+from ..job import config
 from ..options import option
 
 DEFAULT_COMPUTE_MS = 10.0

@@ -3,8 +3,8 @@ import argparse
 import sys
 from typing import List, Optional, Tuple, Union
 
-from ..config import ConfigError
-from ..jobspec import JobSpec
+from ..job.config import ConfigError
+from ..job.jobspec import JobSpec
 from . import options
 
 
@@ -44,7 +44,7 @@ def run(spec: JobSpec, sim: options.SimOptions) -> dict:
 def main(argv: Optional[List[str]] = None) -> int:
     from ..data import DataError
     from ..models import ModelError
-    from ..job_process import TrainingStopped
+    from ..job.job_process import TrainingStopped
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

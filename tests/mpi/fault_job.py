@@ -8,7 +8,7 @@ worker that fails, default 1), STEPS (default 30), STEP_SECONDS (compute time in
 
 Faults (the leaving worker's):
   raise       an exception in its step code, uncaught
-  data-error  the job's DataError on that worker alone: the real ``hvd_async.job_process.main``
+  data-error  the job's DataError on that worker alone: the real ``hvd_async.job.job_process.main``
               runs this cell (``hvd-async train`` with a data loader that fails on one worker)
   exit0       ``sys.exit(0)`` in the middle of training (the exit hook closes what is open)
   close       an error it catches, then ``opt.close()`` in ``finally``, then the script returns
@@ -70,7 +70,8 @@ def inject_server_fault() -> None:
 
 def data_error_job() -> int:
     """The real job with a loader that raises the job's DataError on the leaving worker alone."""
-    from hvd_async import data, job_process, train
+    from hvd_async import data
+    from hvd_async.job import job_process, train
 
     original = data.load_dataset_on
 
@@ -92,7 +93,7 @@ def data_error_job() -> int:
 
 def main() -> None:
     if FAULT == "data-error":
-        from hvd_async.job_process import exit_process
+        from hvd_async.job.job_process import exit_process
 
         exit_process(data_error_job())
     import horovod.torch as hvd

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import hvd_async as ha
-from hvd_async.job_process import exit_process
+from hvd_async.job.job_process import exit_process
 
 ALGO = os.environ["ALGO"]
 SERVERS = int(os.environ.get("SERVERS", "1"))

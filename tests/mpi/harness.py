@@ -14,7 +14,7 @@ import threading
 import traceback
 
 import hvd_async as ha
-from hvd_async.job_process import exit_process
+from hvd_async.job.job_process import exit_process
 
 
 def say(line: str) -> None:

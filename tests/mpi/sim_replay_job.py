@@ -23,7 +23,7 @@ from torch.utils.data import default_collate
 
 import hvd_async as ha
 from hvd_async import data, models
-from hvd_async.jobstate import Batches
+from hvd_async.job.jobstate import Batches
 
 
 def main(epochs: int, serial: bool, algorithm: str, compiled: bool = False) -> None:

@@ -254,13 +254,44 @@ def test_no_import_cycle_in_the_package():
     assert not found, f"modules that import each other (directly or around a loop): {found}"
 
 
+# --- the library and the job ------------------------------------------------------------------------
+
+# What sits on the library: the reference job and its commands, and the simulator that runs the job's loop.
+ABOVE_THE_LIBRARY = ("hvd_async.job", "hvd_async.sim")
+
+
+def _above(name: str) -> bool:
+    return any(name == top or name.startswith(top + ".") for top in ABOVE_THE_LIBRARY)
+
+
+def library_imports_of_the_job(modules) -> list:
+    """``module -> job module`` for every import of the job or the simulator by a library module."""
+    graph = import_graph(modules)
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() if not _above(name)
+                  for target in targets if _above(target))
+
+
+def test_the_library_imports_nothing_of_the_job():
+    """A user's own script imports the library alone (optimizer, runtime, server, registry, algorithms,
+    transports): the reference job (hvd_async.job) and the simulator build on it, never under it."""
+    assert "hvd_async.job.train" in MODULES and "hvd_async.optimizer" in MODULES
+    found = library_imports_of_the_job(MODULES)
+    assert not found, f"library modules importing the job or the simulator: {found}"
+
+
+def test_the_layering_checker_sees_a_planted_import():
+    planted = {"hvd_async.optimizer": (False, "def f():\n    from .job.config import ConfigError\n"),
+               "hvd_async.job.config": (False, "from .. import registry\n"), "hvd_async.registry": (False, "")}
+    assert library_imports_of_the_job(planted) == ["hvd_async.optimizer -> hvd_async.job.config"]
+
+
 # --- the job's description -------------------------------------------------------------------------
 
-# The command-line front ends: they parse flags and build the typed job (hvd_async.jobspec) from them;
+# The command-line front ends: they parse flags and build the typed job (hvd_async.job.jobspec) from them;
 # hvd_async.sim's simulate() takes an argv list or a Namespace as its public form of the same;
-# hvd_async.doctor is a command of its own, which builds no job.
-FRONT_ENDS = {"hvd_async.cli", "hvd_async.config", "hvd_async.options", "hvd_async.sim", "hvd_async.sim.options",
-              "hvd_async.sim.runner", "hvd_async.doctor"}
+# hvd_async.job.doctor is a command of its own, which builds no job.
+FRONT_ENDS = {"hvd_async.job.cli", "hvd_async.job.config", "hvd_async.options", "hvd_async.sim", "hvd_async.sim.options",
+              "hvd_async.sim.runner", "hvd_async.job.doctor"}
 
 
 def namespace_readers(source: str) -> list:
@@ -283,7 +314,7 @@ def test_below_the_front_ends_no_module_takes_parsed_flags():
     the checkpoints and the servers take its typed parts, never an argparse Namespace."""
     found = {name: hits for name, (_, text) in MODULES.items() if name not in FRONT_ENDS
              for hits in [namespace_readers(text)] if hits}
-    assert not found, f"modules below the front ends taking parsed flags: {found}; take hvd_async.jobspec's parts"
+    assert not found, f"modules below the front ends taking parsed flags: {found}; take hvd_async.job.jobspec's parts"
     assert FRONT_ENDS <= set(MODULES), f"front ends renamed: {sorted(FRONT_ENDS - set(MODULES))}"
 
 

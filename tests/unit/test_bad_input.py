@@ -10,7 +10,7 @@ import torch
 
 import hvd_async as ha
 from datafiles import write_cifar, write_imagenet, write_mnist
-from hvd_async import cli, launcher
+from hvd_async.job import cli, launcher
 from hvd_async.transport import LoopbackGroup
 
 

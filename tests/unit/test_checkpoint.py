@@ -244,7 +244,7 @@ def test_directory_instead_of_file(tmp_path):
 
 
 def test_the_launchers_resume_check_reads_the_newest_checkpoint_and_refuses_like_the_job(tmp_path):
-    from hvd_async.jobstate import load_newest
+    from hvd_async.job.jobstate import load_newest
 
     def check_resumable(directory, expect):  # as the launcher calls it
         return load_newest(directory, expect, mmap=True)[0]

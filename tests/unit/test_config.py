@@ -1,7 +1,8 @@
 """Option parsing and validation: YAML presets under flags, and a one-line error for every bad value."""
 import pytest
 
-from hvd_async import config, registry
+from hvd_async import registry
+from hvd_async.job import config
 
 
 def _validate(argv, world_size=None):
@@ -125,7 +126,7 @@ def test_train_help_says_what_and_shows_examples_before_the_options(capsys, monk
     every example parses and validates (an example under mpirun as the job does, at its -np)."""
     import shlex
 
-    from hvd_async import cli
+    from hvd_async.job import cli
 
     monkeypatch.setenv("COLUMNS", "100")
     assert cli.main(["train", "--help"]) == 0
@@ -137,14 +138,14 @@ def test_train_help_says_what_and_shows_examples_before_the_options(capsys, monk
     assert len(examples) >= 3 and any("--config" in argv for argv in examples), examples
     for argv in examples:
         if argv[0] == "mpirun":
-            _validate(argv[argv.index("hvd_async.train") + 1:], world_size=int(argv[2]))
+            _validate(argv[argv.index("hvd_async.job.train") + 1:], world_size=int(argv[2]))
         else:
             assert argv[:2] == ["hvd-async", "train"], argv
             config.launch_options(config.parse(argv[2:]), _validate(argv[2:]))
 
 
 def test_server_threads_is_a_job_option_checked_at_construction():
-    from hvd_async.jobspec import JobOptions
+    from hvd_async.job.jobspec import JobOptions
 
     assert JobOptions().server_threads is None  # the rank's share of its node's cores
     assert JobOptions(server_threads=3).server_threads == 3

@@ -23,7 +23,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def test_a_rank_starts_without_torchvision_or_scikit_learn():
     """Every rank of every job imports the job's modules: torchvision (the file datasets, the ResNets)
     and scikit-learn (digits, read on one rank) cost about a second of CPU each, so they stay out."""
-    code = ("import sys, hvd_async.train, hvd_async.job_process, hvd_async.models; "
+    code = ("import sys, hvd_async.job.train, hvd_async.job.job_process, hvd_async.models; "
             "print(sorted(m for m in ('torchvision', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out

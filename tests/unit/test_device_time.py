@@ -3,7 +3,7 @@
 time only, and the training job and the simulator draw the same times from the same seed."""
 import pytest
 
-from hvd_async import config, train
+from hvd_async.job import config, train
 from hvd_async.sim import job as sim_job, options as sim_options
 
 

@@ -9,7 +9,7 @@ import pytest
 from hvd_async.progress import EpochProgress, progress_mode
 from hvd_async.sim import job as sim_job
 from hvd_async.sim import simulate
-from hvd_async.worker_loop import WorkerLoop
+from hvd_async.job.worker_loop import WorkerLoop
 
 
 def test_which_display():

@@ -128,7 +128,7 @@ def test_fashion_mnist_defaults_are_the_records_choice_and_flags_win(tmp_path):
     a flag or a --config key wins over them; other datasets keep the job's defaults."""
     import json
 
-    from hvd_async import config
+    from hvd_async.job import config
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results", "fmnist_lr_sweep.json")
     with open(path) as f:

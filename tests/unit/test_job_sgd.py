@@ -3,8 +3,8 @@ on the device), the plain one everywhere else; the job's hyperparameters either 
 import pytest
 import torch
 
-from hvd_async.jobspec import JobOptions, JobSpec, Layout
-from hvd_async.train import job_sgd
+from hvd_async.job.jobspec import JobOptions, JobSpec, Layout
+from hvd_async.job.train import job_sgd
 
 
 @pytest.mark.parametrize("algo,device,fused", [("ssgd", "cuda", True), ("ssgd", "cpu", False),

@@ -4,10 +4,10 @@ import io
 import sys
 import time
 
-from hvd_async import launcher
-from hvd_async.launcher import BannerFilter
+from hvd_async.job import launcher
+from hvd_async.job.launcher import BannerFilter
 
-ERROR = b"hvd_async.train: error: --lr must be > 0, got -1\n"
+ERROR = b"hvd_async.job.train: error: --lr must be > 0, got -1\n"
 DASHES = b"-" * 74 + b"\n"
 PRIMARY = DASHES + b"Primary job  terminated normally, but 1 process returned\n" \
                    b"a non-zero exit code. Per user-direction, the job has been aborted.\n" + DASHES

@@ -14,7 +14,7 @@ from procs import ROOT, mpirun, python, run
 from hvd_async import registry
 
 README = os.path.join(ROOT, "README.md")
-CLI = python("-m", "hvd_async.cli")  # the hvd-async console script's entry point, from this checkout
+CLI = python("-m", "hvd_async.job.cli")  # the hvd-async console script's entry point, from this checkout
 
 
 def _read(*parts) -> str:
@@ -69,7 +69,7 @@ def test_the_two_commands_are_what_the_readme_says():
     job = shlex.split(recipe[0])
     assert job[1:3] == ["train", "--np"] and job[3] == "4", job  # 4 MPI processes
     assert not {"--algo", "--dataset", "--config"} & set(job), job  # the job's defaults: ssgd on digits
-    defaults = __import__("hvd_async.config", fromlist=["parse"]).parse([])
+    defaults = __import__("hvd_async.job.config", fromlist=["parse"]).parse([])
     assert (defaults.algo, defaults.dataset) == ("ssgd", "digits")
     prereqs, *recipe = _recipe("test")
     assert prereqs == ["setup"] and "pytest tests" in recipe[0], recipe
@@ -222,7 +222,7 @@ def test_the_cluster_install_is_on_the_first_screen_and_names_what_exists():
     for words in ("HOROVOD_WITH_MPI=1", "HOROVOD_WITH_PYTORCH=1", "pip install --no-cache-dir horovod",
                   "MPI_THREAD_MULTIPLE", "osc: ucx"):
         assert words in " ".join(text.split()), words
-    assert "doctor" in __import__("hvd_async.cli", fromlist=["COMMANDS"]).COMMANDS
+    assert "doctor" in __import__("hvd_async.job.cli", fromlist=["COMMANDS"]).COMMANDS
 
 
 # --- the table and the links --------------------------------------------------------------------------------

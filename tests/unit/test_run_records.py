@@ -117,7 +117,7 @@ def test_the_cpu_utilisation_is_the_workers_cpu_seconds_over_the_wall_time():
     import types
 
     from hvd_async.metrics import RunMetrics
-    from hvd_async.worker_loop import Host
+    from hvd_async.job.worker_loop import Host
 
     def cpu():
         times = os.times()
@@ -143,7 +143,7 @@ def test_the_core_wait_is_each_workers_run_queue_seconds_over_its_training_secon
     import types
 
     from hvd_async.metrics import RunMetrics
-    from hvd_async.worker_loop import Host
+    from hvd_async.job.worker_loop import Host
 
     acc = types.SimpleNamespace(core_wait=0.3, train_seconds=12.0)
     loop = types.SimpleNamespace(metrics=RunMetrics({}, reporter=True), comm=_OneRank(), reporter=True, acc=acc)

@@ -429,7 +429,7 @@ def test_softsyncs_old_momentum_name_still_works_with_a_warning():
     """softsync's ``momentum`` became ``server_momentum`` (dc-asgd's and lc-asgd's name): the old keyword
     and flag still set it, with a FutureWarning naming the new one; the two saying different things is
     refused."""
-    from hvd_async import config
+    from hvd_async.job import config
 
     with pytest.warns(FutureWarning, match=r"use server_momentum='shared' \(--server-momentum\)") as caught:
         old = SoftSyncOptions(momentum="shared")

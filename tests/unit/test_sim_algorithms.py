@@ -2,7 +2,8 @@
 the real strategy and server code; unsupported algorithms and bad values fail with one line."""
 import pytest
 
-from hvd_async import cli, registry
+from hvd_async import registry
+from hvd_async.job import cli
 from hvd_async.sim import simulate
 
 DEFAULT_CASE = ([], 5, 0.85)  # (extra flags, epochs, accuracy it must reach): every algorithm of the registry

@@ -84,7 +84,7 @@ def test_a_streak_of_nonfinite_gradients_stops_the_simulation_as_it_stops_the_jo
     """Once every gradient is non-finite no push is applied, so a parameter-server epoch (which ends on
     the servers' progress) would never end: --max-nonfinite stops it, exit 3 with one line."""
     from hvd_async.sim import main
-    from hvd_async.train import TrainingStopped
+    from hvd_async.job.train import TrainingStopped
 
     argv = ["--dataset", "digits", "--algo", algo, "--workers", "3", "--epochs", "2", "--lr", "1e30",
             "--max-nonfinite", "4"]
@@ -114,7 +114,7 @@ def test_the_loss_sum_lives_where_the_batches_go(monkeypatch):
     import torch
 
     from hvd_async.sim import job as sim_job
-    from hvd_async.worker_loop import WorkerLoop
+    from hvd_async.job.worker_loop import WorkerLoop
 
     seen = []
 

@@ -1,21 +1,21 @@
-"""The reference training job: ``python -m hvd_async.train`` on every MPI rank.
+"""The reference training job: ``python -m hvd_async.job.train`` on every MPI rank.
 
 Runs as-is under ``mpirun``, ``horovodrun`` or ``hvd-async train`` (which launches it). Server
 ranks serve; workers train on their shard of the data, evaluate the model on the held-out split
 after each epoch, and the first worker prints the result, writes TensorBoard scalars (``--logdir``)
 and the metrics JSON (``--metrics-out``). This module builds what a real worker trains with and its
 host (wall clock, injected compute, ``--worker-timeout``); the loop is
-:mod:`hvd_async.worker_loop`, shared with the simulator; the process around it (options, MPI and
-Horovod start, servers, exit statuses) is :mod:`hvd_async.job_process`.
+:mod:`hvd_async.job.worker_loop`, shared with the simulator; the process around it (options, MPI and
+Horovod start, servers, exit statuses) is :mod:`hvd_async.job.job_process`.
 """
 import os
 import time
 from typing import Optional
 
-from .delays import DelayModel
+from ..delays import DelayModel
 from .launcher import LAUNCHED_AT
 from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
-from .progress import progress_mode
+from ..progress import progress_mode
 from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop
 
 __all__ = ["NONFINITE_CHECK_EVERY", "TrainingStopped", "main", "train_worker"]
@@ -117,7 +117,7 @@ def job_sgd(spec, params, device):
     guide's "Running on a cluster" has the H100 figures); elsewhere the plain one."""
     import torch
 
-    from . import registry
+    from .. import registry
 
     job = spec.job
     fused = {"fused": True} if device.type == "cuda" and registry.algorithm(spec.algo).fused_sgd else {}
@@ -131,9 +131,9 @@ def _build(spec) -> WorkerLoop:
     import torch
 
     import hvd_async as ha
-    from . import data, models
+    from .. import data, models
     from .jobstate import JobCheckpoints
-    from .metrics import RunMetrics
+    from ..metrics import RunMetrics
 
     rank, job = ha.rank(), spec.job
     comm = ha.worker_comm()
@@ -159,13 +159,13 @@ def _build(spec) -> WorkerLoop:
 
 
 def train_worker(spec) -> dict:
-    """One worker's training loop of the described job (a :class:`~hvd_async.jobspec.JobSpec`);
+    """One worker's training loop of the described job (a :class:`~hvd_async.job.jobspec.JobSpec`);
     returns the metrics record (complete on worker 0)."""
     return _build(spec).run()
 
 
 def main(argv=None) -> int:
-    """The job on this rank (see :mod:`hvd_async.job_process`): the exit status."""
+    """The job on this rank (see :mod:`hvd_async.job.job_process`): the exit status."""
     from .job_process import main as run
 
     return run(argv, train_worker)

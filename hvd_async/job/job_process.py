@@ -1,4 +1,4 @@
-"""The training job's process on each rank (``python -m hvd_async.train``): parse and validate the
+"""The training job's process on each rank (``python -m hvd_async.job.train``): parse and validate the
 options against the MPI world, check the device, start MPI and Horovod, share the node's cores; then
 serve (server ranks, printing each shard's report) or train (workers), and turn every way a run ends
 into its exit status, ending the whole job (MPI_Abort) where a rank cannot finish with the others.
@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import Optional
 
-from . import failures
+from .. import failures
 from .config import ConfigError
 
 
@@ -89,7 +89,7 @@ class Watchdog:
                 here = [r for r in range(self.comm.size) if r not in missing]
                 if self.comm.rank == min(here):
                     gone = ", ".join(str(self.live[r]) for r in missing) or "none (?)"
-                    say(f"hvd_async.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
+                    say(f"hvd_async.job.train: error: worker(s) {gone} made no progress for {waited:.0f} s "
                         f"(--worker-timeout {self.timeout:g}); the others wait for them in a collective "
                         f"that cannot go on without them; stopping the job, exit status 5")
                 failures.abort(MPI.COMM_WORLD, 5, wait=0.5 if self.comm.rank == min(here) else 3.0)
@@ -103,7 +103,7 @@ def main(argv, train_worker) -> int:
     try:
         args = config.parse(argv, launcher=False)
     except ConfigError as exc:
-        say(f"hvd_async.train: error: {exc}")
+        say(f"hvd_async.job.train: error: {exc}")
         return 2
     from mpi4py import MPI
 
@@ -112,21 +112,21 @@ def main(argv, train_worker) -> int:
         spec = config.validate(args, world_size=world.size)
     except ConfigError as exc:
         if world.rank == 0:
-            say(f"hvd_async.train: error: {exc}")
+            say(f"hvd_async.job.train: error: {exc}")
         return 2
     try:  # before anything is printed; on the workers (world ranks from --servers), which use the device
         if world.rank >= spec.layout.servers:
             device_kind(spec.job.device)
     except ConfigError as exc:
         if world.rank == spec.layout.servers:
-            say(f"hvd_async.train: error: {exc}")
+            say(f"hvd_async.job.train: error: {exc}")
         return 2
 
     import hvd_async as ha
-    from .checkpoint import CheckpointError
-    from .data import DataError
+    from ..checkpoint import CheckpointError
+    from ..data import DataError
     from .jobstate import WorkerStalled
-    from .models import ModelError
+    from ..models import ModelError
 
     job = spec.job
     if job.deterministic:  # before Horovod starts: a fused buffer's size (and so the reduction
@@ -161,7 +161,7 @@ def main(argv, train_worker) -> int:
                 f"which made no progress for {job.worker_timeout:g} s (--worker-timeout)")
             failures.abort(world, 4, wait=1.0 if world.rank == 0 else 30.0)  # they never join MPI_Finalize
         return 0
-    from .metrics import print_result
+    from ..metrics import print_result
 
     record: Optional[dict] = None
     errors = ha.worker_comm().Dup()  # where the workers find out whether an error hit all of them
@@ -172,21 +172,21 @@ def main(argv, train_worker) -> int:
     except (DataError, ModelError, ConfigError, CheckpointError) as exc:  # alike on every worker, or not
         alike = _every_worker_failed(errors, ALIKE_SECONDS)
         if ha.rank() == 0 or not alike:
-            say(f"hvd_async.train: error: {'' if alike else f'worker {ha.rank()}: '}{exc}")
+            say(f"hvd_async.job.train: error: {'' if alike else f'worker {ha.rank()}: '}{exc}")
         if not alike:  # the others train on and would wait for this one in their next collective
             failures.abort(world, 2, wait=0.5)
         return 2
     except TrainingStopped as exc:  # raised alike on every worker; a restart would not help
         if ha.rank() == 0:
-            say(f"hvd_async.train: error: {exc}")
+            say(f"hvd_async.job.train: error: {exc}")
         return 3
     except WorkerStalled as exc:  # raised on every worker still running; the stalled one never returns
         if exc.printer:
-            say(f"hvd_async.train: error: {exc}")
+            say(f"hvd_async.job.train: error: {exc}")
         failures.abort(world, 5, wait=0.5 if exc.printer else 5.0)
     except Exception as exc:  # one rank failed alone: take the job down rather than hang the others
         if job.worker_timeout and "stall" in str(exc).lower():  # Horovod's stall check gave up
-            say(f"hvd_async.train: error: worker {ha.rank()}: a collective waited more than "
+            say(f"hvd_async.job.train: error: worker {ha.rank()}: a collective waited more than "
                 f"{job.worker_timeout:g} s for other workers (--worker-timeout; Horovod's stall report above "
                 f"names the missing ranks): {str(exc).splitlines()[0]}")
             failures.abort(world, 5, wait=0.5)

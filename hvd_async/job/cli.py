@@ -1,6 +1,6 @@
 """The ``hvd-async`` command: ``train`` launches the reference job over mpirun; ``simulate`` runs it on a
 virtual clock in one process (:mod:`hvd_async.sim`); ``algorithms`` lists the registry; ``doctor``
-checks the installation (:mod:`hvd_async.doctor`)."""
+checks the installation (:mod:`hvd_async.job.doctor`)."""
 import argparse
 import os
 import signal
@@ -8,7 +8,8 @@ import sys
 import time
 from typing import List, Optional, cast
 
-from . import config, launcher, registry
+from .. import registry
+from . import config, launcher
 
 
 def _algorithms(argv: List[str]) -> int:
@@ -33,7 +34,7 @@ def _train(argv: List[str]) -> int:
     except config.ConfigError as exc:
         print(f"hvd-async train: error: {exc}", file=sys.stderr)
         return 2
-    from . import checkpoint  # (imports torch: not for --help)
+    from .. import checkpoint  # (imports torch: not for --help)
 
     job = spec.job
     if job.resume:  # refused here, before mpirun starts every rank, rather than by the job
@@ -61,7 +62,7 @@ def _train(argv: List[str]) -> int:
         os.environ[launcher.LAUNCHED_AT] = repr(time.time())  # before mpirun_command, which forwards it
         try:
             cmd = launcher.mpirun_command(cast(int, spec.layout.world_size),  # (the launcher's --np has a default)
-                                          launcher.python_module("hvd_async.train", run_argv), mpi_args=launch.mpi_args)
+                                          launcher.python_module("hvd_async.job.train", run_argv), mpi_args=launch.mpi_args)
         except FileNotFoundError as exc:
             print(f"hvd-async train: error: {exc}", file=sys.stderr)
             return 2
@@ -132,7 +133,7 @@ def _doctor(argv: List[str]) -> int:
 
 
 def _simulate(argv: List[str]) -> int:
-    from . import sim
+    from .. import sim
 
     return sim.main(argv)
 
@@ -173,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if argv[0] == "train":
             config.build_parser(launcher=True).print_help()
         elif argv[0] == "simulate":
-            from .sim.options import build_parser
+            from ..sim.options import build_parser
 
             build_parser().print_help()
         else:

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import checkpoint
-from .checkpoint import CheckpointError
+from .. import checkpoint
+from ..checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from torch.utils.data import DistributedSampler
 
-    from .sampling import SharedCursorBatches
+    from ..sampling import SharedCursorBatches
 
 __all__ = ["Batches", "CheckpointError", "JobCheckpoints", "WorkerStalled", "load_newest", "parse_every",
            "read_whole", "rendezvous"]
@@ -171,7 +171,7 @@ class WorkerBatches:
                                synchronous=not servers)
         self.shared: Optional["SharedCursorBatches"] = None
         if fetch_add is not None:
-            from .sampling import SharedCursorBatches
+            from ..sampling import SharedCursorBatches
 
             self.shared = SharedCursorBatches(num_samples, seed=seed, fetch_add=fetch_add)
         self.drawn: Optional[Tuple[int, List[int]]] = None

@@ -11,11 +11,11 @@ import math
 import os
 from typing import Any, Dict, List, Optional
 
-from .data import DATASETS, EVAL_SPLITS, FILE_DATASETS
-from .delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
-from .models import MODELS
-from .options import option
-from .progress import LINE_EVERY, MODES as PROGRESS_MODES
+from ..data import DATASETS, EVAL_SPLITS, FILE_DATASETS
+from ..delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
+from ..models import MODELS
+from ..options import option
+from ..progress import LINE_EVERY, MODES as PROGRESS_MODES
 
 MAX_SEED = 2 ** 32 - 1  # numpy's and scikit-learn's seeds are 32-bit
 

@@ -1,7 +1,7 @@
 """The training job's options: one parser for the launcher and the job, YAML presets, and validation
-into the job's description (:class:`~hvd_async.jobspec.JobSpec`), which is all the job's modules see.
+into the job's description (:class:`~hvd_async.job.jobspec.JobSpec`), which is all the job's modules see.
 
-The parser's flags come from declarations: the job's own options (:class:`~hvd_async.jobspec.JobOptions`),
+The parser's flags come from declarations: the job's own options (:class:`~hvd_async.job.jobspec.JobOptions`),
 the launcher's (:class:`LaunchOptions`) and every algorithm's options dataclass; each dataclass checks
 its own ranges, and :func:`validate` adds the checks that span them (the layout of servers and workers,
 an algorithm's options against the job's values).
@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 import yaml
 
-from . import options, registry
+from .. import options, registry
 from .jobspec import DATASET_DEFAULTS, JobOptions, JobSpec, Layout
-from .options import option
+from ..options import option
 
 
 @dataclasses.dataclass
@@ -81,7 +81,7 @@ examples:
   hvd-async train --config dc-asgd --epochs 3 --logdir runs/tb        # a preset, flags win over it
   hvd-async train --algo dbs-asgd --np 5 --metrics-out m.json         # the result as JSON too
   hvd-async train --algo dc-asgd --np 9 --servers 2 --mpi-args '--hostfile hosts --map-by node'
-  mpirun -np 4 python -m hvd_async.train --algo gossip                # under your own launcher
+  mpirun -np 4 python -m hvd_async.job.train --algo gossip                # under your own launcher
 
 Every option below is also a key of a --config YAML file; docs/cli.md has this help."""
 
@@ -142,7 +142,7 @@ def apply_dataset_defaults(args: argparse.Namespace, given) -> argparse.Namespac
     return args
 
 
-PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data (setup.cfg)
+PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")  # package data (setup.cfg)
 
 
 def preset_names() -> List[str]:

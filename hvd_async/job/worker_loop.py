@@ -1,4 +1,4 @@
-"""One worker's training loop, the same for the training job (:mod:`hvd_async.train`) and the
+"""One worker's training loop, the same for the training job (:mod:`hvd_async.job.train`) and the
 simulator (:mod:`hvd_async.sim.job`): its epochs of steps, the workers' agreement on why they left
 them, the evaluation and the epoch's report, checkpoints, and the final metrics record.
 
@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Sequence, cast
 
 import numpy as np
 
-from .algorithms.base import ExchangeStats, exchange_stats
+from ..algorithms.base import ExchangeStats, exchange_stats
 from .config import ConfigError
 from .job_process import TrainingStopped, say
 
@@ -109,14 +109,14 @@ class WorkerLoop:
     (:meth:`_end_epoch`) and write a checkpoint when one is due (:meth:`_checkpoint_due`).
 
     Args:
-        spec: the job (a :class:`~hvd_async.jobspec.JobSpec`, ``hvd-async train``'s or the simulator's).
+        spec: the job (a :class:`~hvd_async.job.jobspec.JobSpec`, ``hvd-async train``'s or the simulator's).
         model, opt, splits: the model, its :class:`~hvd_async.DistributedOptimizer`, the data.
         comm: the workers' communicator (mpi4py's or the simulator's): ``allreduce`` and ``gather``.
         host: see :class:`Host`.
         metrics: a :class:`~hvd_async.metrics.RunMetrics`.
         servers: whether the algorithm runs on parameter servers (epochs end on their progress).
         device: where batches go (None: where the data is).
-        saver: a :class:`~hvd_async.jobstate.JobCheckpoints`, or None.
+        saver: a :class:`~hvd_async.job.jobstate.JobCheckpoints`, or None.
         progress: worker 0's display inside an epoch, ``"bar"`` or ``"lines"`` (:mod:`hvd_async.progress`),
             or None.
     """
@@ -142,7 +142,7 @@ class WorkerLoop:
                                 else self.source.batches.per_epoch)  # this worker's share (the bar's total)
         self.progress = None
         if self.reporter and progress:
-            from .progress import EpochProgress
+            from ..progress import EpochProgress
 
             self.progress = EpochProgress(progress, share=self.steps_per_epoch, epochs=options.epochs,
                                           desc=f"{spec.algo} x{self.workers}")
@@ -164,7 +164,7 @@ class WorkerLoop:
         return self.opt.progress() if self.uses_servers else self.acc.steps
 
     def _resume(self) -> None:
-        from . import checkpoint
+        from .. import checkpoint
 
         path, part, saved_job, folder = self.saver.restore()
         self.model.load_state_dict(part["model"])
@@ -190,7 +190,7 @@ class WorkerLoop:
 
     def save_checkpoint(self, progress: int) -> str:
         """Collective: every worker's part and worker 0's job record, after opt.load_global_model()."""
-        from . import checkpoint
+        from .. import checkpoint
 
         folder = self.saver.parts_dir(progress)
 
@@ -249,7 +249,7 @@ class WorkerLoop:
         import torch
         import torch.nn.functional as F
 
-        from .metrics import RunQueue
+        from ..metrics import RunQueue
 
         acc, opt, progress, host, clock = self.acc, self.opt, self.progress, self.host, self.host.clock
         run_queue = RunQueue()  # this thread's (a simulated worker may be a thread of its own)
@@ -338,7 +338,7 @@ class WorkerLoop:
 
     def _end_epoch(self, epoch: int) -> None:
         """Collective: evaluate, reduce the epoch's figures; worker 0 records and prints them."""
-        from .metrics import pooled_staleness
+        from ..metrics import pooled_staleness
 
         acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
         steps = max(1, acc.epoch_steps)
@@ -378,7 +378,7 @@ class WorkerLoop:
         """Collective: the held-out accuracy at fraction ``at`` of ``epoch``, off the training clock
         (``trained``: this worker's training seconds so far; the clock is their maximum over the
         workers). Worker 0 records it with the evaluation's own time. Returns (accuracy, clock)."""
-        from .metrics import evaluate_accuracy
+        from ..metrics import evaluate_accuracy
 
         comm, host = self.comm, self.host
         host.beat()
@@ -463,7 +463,7 @@ class WorkerLoop:
         return self._finish()
 
     def _finish(self) -> dict:
-        from .transport.window import staleness_summary
+        from ..transport.window import staleness_summary
 
         if self.progress is not None:
             self.progress.close()

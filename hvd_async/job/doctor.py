@@ -131,7 +131,7 @@ def run_ranks(mpi_args: str, timeout: float):
     from .launcher import mpirun_command
 
     try:
-        cmd = mpirun_command(RANKS, [sys.executable, "-m", "hvd_async.doctor", "--ranks"], mpi_args=mpi_args)
+        cmd = mpirun_command(RANKS, [sys.executable, "-m", "hvd_async.job.doctor", "--ranks"], mpi_args=mpi_args)
     except FileNotFoundError:
         return None, "not run (no mpirun)"
     try:
@@ -147,7 +147,7 @@ def run_ranks(mpi_args: str, timeout: float):
 
 
 def ranks_main() -> None:
-    """One rank of the check (``python -m hvd_async.doctor --ranks`` under mpirun): windows from the last
+    """One rank of the check (``python -m hvd_async.job.doctor --ranks`` under mpirun): windows from the last
     rank into rank 0's, the GPUs it sees; rank 0 prints everything as one JSON line."""
     import numpy as np
     from mpi4py import MPI
