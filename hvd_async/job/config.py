@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 import yaml
 
 from .. import options, registry
-from .jobspec import DATASET_DEFAULTS, JobOptions, JobSpec, Layout
+from .jobspec import DATASET_DEFAULTS, JobAlgorithm, JobOptions, JobSpec, Layout
 from ..options import option
 
 
@@ -274,25 +274,28 @@ def options_from(options_cls, args: argparse.Namespace):
         raise ConfigError(options.flag_message(options_cls, str(exc))) from None
 
 
-def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobSpec:
+def validate(args: argparse.Namespace, world_size: Optional[int] = None, *, workers: Optional[int] = None) -> JobSpec:
     """Check every value of the parsed flags and build the job they describe (the launcher's own
-    options are :func:`launch_options`'s)."""
+    options are :func:`launch_options`'s). ``world_size``: the MPI processes the job runs in (servers
+    included); ``workers`` instead: the workers it runs with, the servers the flags or the algorithm's
+    default add (the simulator's form)."""
     try:
-        row = registry.get(args.algo)
+        named = JobAlgorithm.named(args.algo)
     except ValueError as exc:
         raise ConfigError(f"--algo: {exc}") from None
+    algorithm, row = dataclasses.replace(named, given=options.from_args(named.declaration.Options, args)), named.row
     job = options_from(JobOptions, args)
     if args.np is not None and args.np < 1:
         raise ConfigError(f"--np must be >= 1, got {args.np}")
-    if world_size is not None and args.np is not None and args.np != world_size:
-        raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
-                          f"launched with; drop --np or launch with mpirun -np {args.np}")
+    _check_np(args, world_size)
     total = world_size if world_size is not None else args.np
-    given = algorithm_options(args)
-    uses_servers = registry.uses_servers(args.algo, given)
+    uses_servers = algorithm.uses_servers
     servers = (1 if uses_servers else 0) if args.servers is None else args.servers
     if servers < 0:
         raise ConfigError(f"--servers must be >= 0, got {servers}")
+    if workers is not None:
+        total = workers + servers
+        _check_np(args, total)
     if total is not None and servers >= total:
         if args.servers is None:  # the algorithm's default server: the fix is more processes
             raise ConfigError(f"--np {total} leaves no worker: algorithm {args.algo!r} needs {servers} "
@@ -308,7 +311,7 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobS
                           f"parameter server; use --servers 0")
     if uses_servers and servers < 1:
         raise ConfigError(f"--servers 0: algorithm {args.algo!r} needs at least one server rank")
-    spec = JobSpec(algo=args.algo, algorithm=given, job=job,
+    spec = JobSpec(algorithm=algorithm, job=job,
                    layout=Layout(servers=servers, workers=None if total is None else total - servers))
     _validate_algorithm_options(args, spec)
     workers = spec.layout.workers
@@ -317,6 +320,12 @@ def validate(args: argparse.Namespace, world_size: Optional[int] = None) -> JobS
             raise ConfigError(f"--straggler {worker}=...: there is no worker {worker}; the job has "
                               f"{workers} worker(s), numbered 0..{workers - 1} (servers are not counted)")
     return spec
+
+
+def _check_np(args: argparse.Namespace, world_size: Optional[int]) -> None:
+    if world_size is not None and args.np is not None and args.np != world_size:
+        raise ConfigError(f"--np {args.np} does not match the {world_size} MPI processes this job was "
+                          f"launched with; drop --np or launch with mpirun -np {args.np}")
 
 
 def launch_options(args: argparse.Namespace, spec: JobSpec) -> LaunchOptions:
@@ -348,7 +357,7 @@ def _validate_algorithm_options(args: argparse.Namespace, spec: JobSpec) -> None
     """The checks of the algorithm's options that need the job's other values (its declaration's
     ``check_for_job``), then the options as its options dataclass checks them (the one place their
     ranges are written); the error under the flag's name."""
-    cls, given = registry.algorithm(spec.algo), spec.algorithm
+    cls, given = spec.algorithm.declaration, spec.algorithm.given
     _refuse_meaningless_flags(args, spec, cls)
     try:
         # first: its messages name the job's values
@@ -378,8 +387,8 @@ def _refuse_meaningless_flags(args: argparse.Namespace, spec: JobSpec, cls) -> N
         shown = flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}"
         raise ConfigError(f"{shown} has no meaning under {spec.algo}; it works with: {', '.join(sorted(names))} "
                           f"(leave it out here)")
-    servers = registry.uses_servers(spec.algo, spec.algorithm)
-    if spec.job.deterministic and (servers or registry.get(spec.algo).peer_windows):
+    servers = spec.algorithm.uses_servers
+    if spec.job.deterministic and (servers or spec.algorithm.row.peer_windows):
         raise ConfigError(f"--deterministic has no meaning under {spec.algo}: the order in which the workers' "
                           f"{'pushes reach the servers' if servers else 'models reach their peers'} changes "
                           f"from run to run, and no flag fixes it; it fixes the allreduce's order under: "

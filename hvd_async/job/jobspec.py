@@ -4,18 +4,23 @@ their flags and ``--config`` file, validate once, and hand to the job.
 :class:`JobOptions` declares the job's own options the way an algorithm declares its options
 (:func:`hvd_async.options.option`): the parser's flags, the YAML keys, the CLI reference and the range
 checks all come from its fields. :class:`JobSpec` holds the parts the job's modules take: the
-algorithm's name and options, the job's options and the cluster's layout.
+algorithm (:class:`JobAlgorithm`: resolved from the registry once, with the options its flags set), the
+job's options and the cluster's layout.
 """
 import dataclasses
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Type
 
+from .. import registry
 from ..data import DATASETS, EVAL_SPLITS, FILE_DATASETS
 from ..delays import DEFAULT_SHAPE, DISTRIBUTIONS, check_shape
 from ..models import MODELS
 from ..options import option
 from ..progress import LINE_EVERY, MODES as PROGRESS_MODES
+
+if TYPE_CHECKING:
+    from ..algorithms.algorithm import Algorithm
 
 MAX_SEED = 2 ** 32 - 1  # numpy's and scikit-learn's seeds are 32-bit
 
@@ -209,15 +214,43 @@ class Layout:
         return None if self.workers is None else self.workers + self.servers
 
 
+@dataclasses.dataclass(frozen=True)
+class JobAlgorithm:
+    """The job's algorithm, looked up in the registry once, where the flags are checked: its row (name
+    and capabilities), its declaration (options class and hooks) and the keyword options the flags set
+    (those left out take the declaration's defaults)."""
+
+    row: registry.AlgorithmInfo
+    declaration: Type["Algorithm"]
+    given: Dict[str, Any]
+
+    @classmethod
+    def named(cls, name: str, given: Optional[Dict[str, Any]] = None) -> "JobAlgorithm":
+        """The registered algorithm ``name`` with these options (``ValueError``: no such algorithm)."""
+        return cls(registry.get(name), registry.algorithm(name), dict(given or {}))
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def uses_servers(self) -> bool:
+        """Whether it needs server ranks with these options (the declaration decides, from the row)."""
+        return self.declaration.uses_servers(self.given, self.row.uses_servers)
+
+
 @dataclasses.dataclass
 class JobSpec:
-    """One validated job: the algorithm (its registry name and the keyword options the flags set, the
-    others left to its defaults), the job's options and the cluster's layout."""
+    """One validated job: the algorithm, the job's options and the cluster's layout."""
 
-    algo: str
-    algorithm: Dict[str, Any]
+    algorithm: JobAlgorithm
     job: JobOptions
     layout: Layout
+
+    @property
+    def algo(self) -> str:
+        """The algorithm's registry name."""
+        return self.algorithm.name
 
     def meta(self, parameters: Optional[Dict[str, List[int]]] = None) -> Dict[str, Any]:
         """What a checkpoint's ``meta`` names of the job: a resume with other values is refused.

@@ -13,9 +13,9 @@ import time
 from typing import Optional
 
 from ..delays import DelayModel
-from .launcher import LAUNCHED_AT
-from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
 from ..progress import progress_mode
+from .job_process import TrainingStopped, Watchdog as _Watchdog, device as _device, say as _say
+from .launcher import LAUNCHED_AT
 from .worker_loop import NONFINITE_CHECK_EVERY, Host, WorkerLoop
 
 __all__ = ["NONFINITE_CHECK_EVERY", "TrainingStopped", "main", "train_worker"]
@@ -117,10 +117,9 @@ def job_sgd(spec, params, device):
     guide's "Running on a cluster" has the H100 figures); elsewhere the plain one."""
     import torch
 
-    from .. import registry
 
     job = spec.job
-    fused = {"fused": True} if device.type == "cuda" and registry.algorithm(spec.algo).fused_sgd else {}
+    fused = {"fused": True} if device.type == "cuda" and spec.algorithm.declaration.fused_sgd else {}
     return torch.optim.SGD(params, lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay, **fused)
 
 
@@ -145,7 +144,7 @@ def _build(spec) -> WorkerLoop:
     model.to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = ha.DistributedOptimizer(job_sgd(spec, model.parameters(), device), named_parameters=model.named_parameters(),
-                                  algorithm=spec.algo, **spec.algorithm)
+                                  algorithm=spec.algo, **spec.algorithm.given)
     opt.begin()  # parameters were broadcast above: start the exchange now, not at step 1
     host = _JobHost(job, comm, rank)
     metrics = RunMetrics(spec.info(), logdir=job.logdir, reporter=rank == 0)

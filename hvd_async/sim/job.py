@@ -19,10 +19,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .. import models, registry
-from ..job.config import ConfigError
+from .. import models
 from ..delays import DelayModel
+from ..job.config import ConfigError
 from ..job.jobspec import JobSpec
+from ..job.worker_loop import Host, WorkerLoop
 from ..metrics import RunMetrics
 from ..optimizer import DistributedOptimizer
 from ..transport import window
@@ -30,7 +31,6 @@ from ..transport.horovod import HorovodTransport
 from ..transport.peer import PeerWindowTransport
 from ..transport.trace import Trace, Tracer
 from ..transport.window import WindowTransport
-from ..job.worker_loop import Host, WorkerLoop
 from .clock import Scheduler
 from .horovod import SimHorovod
 from .mpi import SimCommunicator, SimMPI, SimWorld
@@ -61,7 +61,7 @@ class Cluster:
         self.net = SimNetwork(self.sched, sim.latency_ms / 1000.0)
         self.world = SimWorld(self.net, spec.layout.servers)
         self.world.handlers[("ctrl",)] = self._control
-        self.algorithm = registry.algorithm(spec.algo)
+        self.algorithm = spec.algorithm.declaration
         self.servers: List[SimServers] = []
         self.scripts: Optional[List[ReplayScript]] = None
         self.replay = None
@@ -207,7 +207,7 @@ def _worker(spec: JobSpec, splits, cluster: Cluster, host: _SimHost) -> Dict:
     model = models.build_model(job.model, splits.input_shape, splits.num_classes)
     sgd = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay)
     opt = DistributedOptimizer(sgd, named_parameters=model.named_parameters(), algorithm=spec.algo,
-                               comms=SimComms(cluster, rank), **spec.algorithm)
+                               comms=SimComms(cluster, rank), **spec.algorithm.given)
     opt.begin()  # the exchange starts now, from the weights every worker holds (not at step 1)
     metrics = _SimMetrics(spec.info(), clock=host.clock, logdir=job.logdir, reporter=rank == 0)
     return WorkerLoop(spec, model=model, opt=opt, splits=splits, comm=LoopComm(cluster.net, rank), host=host,

@@ -98,7 +98,9 @@ class SimRequest:
 _DONE = SimRequest(lambda: None)
 
 
-class Status:
+class SimStatus:
+    """``MPI.Status`` as the simulator's probes fill it: the source and tag of the message found."""
+
     def __init__(self):
         self.source, self.tag = -1, -1
 
@@ -288,7 +290,7 @@ class SimCommunicator:
     def Irecv(self, buf, source: int = -1, tag: int = -1) -> SimRequest:  # noqa: N802
         return SimRequest(lambda: self.Recv(buf, source, tag))
 
-    def Iprobe(self, source: int = -1, tag: int = -1, status: Optional[Status] = None) -> bool:  # noqa: N802
+    def Iprobe(self, source: int = -1, tag: int = -1, status: Optional[SimStatus] = None) -> bool:  # noqa: N802
         message = self.world.peek(self, source, tag)
         if message is not None and status is not None:
             status.source, status.tag = self.members.index(message.source), message.tag
@@ -415,7 +417,7 @@ class SimMPI:
     """What a simulated worker's transports get as ``MPI`` (``comms.mpi``): this module's types,
     operations and constants, ``Win``, ``Request`` and ``Status`` (their clock is ``comms.clock``)."""
 
-    Win, Request, Status, Exception = SimWin, SimRequest, Status, RuntimeError
+    Win, Request, Status, Exception = SimWin, SimRequest, SimStatus, RuntimeError
     FLOAT, DOUBLE, INT64_T, UINT16_T = FLOAT, DOUBLE, INT64_T, UINT16_T
     SUM, NO_OP, REPLACE, IN_PLACE = SUM, NO_OP, REPLACE, IN_PLACE
     ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED = ANY_SOURCE, ANY_TAG, COMM_TYPE_SHARED

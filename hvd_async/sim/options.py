@@ -12,7 +12,6 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import options, registry
-
 from ..job import config
 from ..options import option
 
@@ -101,21 +100,14 @@ def check(args: argparse.Namespace) -> Tuple[config.JobSpec, SimOptions]:
         raise config.ConfigError(f"--replay supports {', '.join(registry.replayable())} (the order of pushes "
                                  f"decides the run), not {args.algo}")
     sim = config.options_from(SimOptions, args)
-    if args.servers is None:
-        try:
-            row = registry.get(args.algo)
-        except ValueError:
-            row = None  # validate() says what is accepted
-        if row is not None:
-            args.servers = int(registry.uses_servers(args.algo, config.algorithm_options(args)))
-    spec = config.validate(args, world_size=sim.workers + (args.servers or 0))
+    spec = config.validate(args, workers=sim.workers)
     job = spec.job
     for flag, given in (("--checkpoint-dir", job.checkpoint_dir), ("--resume", job.resume),
                         ("--worker-timeout", job.worker_timeout), ("--device cuda", job.device == "cuda")):
         if given:
             raise config.ConfigError(f"{flag} is an option of 'hvd-async train'; the simulator runs in one "
                                      f"process on the CPU, never checkpoints and has no worker to time out")
-    if not registry.algorithm(spec.algo).simulated(spec.algorithm):
+    if not spec.algorithm.declaration.simulated(spec.algorithm.given):
         raise config.ConfigError(f"--algo {spec.algo} {config.given_flags(args) or '(its default options)'} cannot "
                                  f"be simulated (its exchange runs on a thread of its own); the simulator runs: "
                                  f"{', '.join(_simulated())}")

@@ -100,7 +100,7 @@ def test_a_preset_by_name_from_any_folder(tmp_path, monkeypatch):
     assert config.preset_names() == sorted(config.preset_names()) and "dc-asgd" in config.preset_names()
     spec = _validate(["--config", "dc-asgd", "--epochs", "2"])
     assert (spec.algo, spec.layout.servers, spec.job.epochs) == ("dc-asgd", 1, 2)
-    assert spec.algorithm["lam"] == 2.0  # the preset's own value
+    assert spec.algorithm.given["lam"] == 2.0  # the preset's own value
     (tmp_path / "dc-asgd").write_text("algo: asgd\n")
     assert _validate(["--config", "dc-asgd"]).algo == "asgd"
 

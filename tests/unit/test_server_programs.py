@@ -444,6 +444,6 @@ def test_softsyncs_old_momentum_name_still_works_with_a_warning():
     with pytest.warns(FutureWarning, match="--softsync-momentum"):  # the job's validation builds the options
         spec = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--softsync-momentum", "shared"]))
     with pytest.warns(FutureWarning):
-        assert SoftSyncOptions(**spec.algorithm).server_momentum == "shared"
+        assert SoftSyncOptions(**spec.algorithm.given).server_momentum == "shared"
     spec = config.validate(config.parse(["--algo", "softsync", "--np", "5", "--server-momentum", "shared"]))
-    assert SoftSyncOptions(**spec.algorithm).server_momentum == "shared"
+    assert SoftSyncOptions(**spec.algorithm.given).server_momentum == "shared"
