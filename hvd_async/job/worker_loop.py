@@ -1,6 +1,7 @@
 """One worker's training loop, the same for the training job (:mod:`hvd_async.job.train`) and the
 simulator (:mod:`hvd_async.sim.job`): its epochs of steps, the workers' agreement on why they left
-them, the evaluation and the epoch's report, checkpoints, and the final metrics record.
+them, and checkpoints; what it reports of them (the epoch's figures, the evaluations, the final
+metrics record) is :mod:`hvd_async.job.epoch_report`'s.
 
 What differs between a real worker and a simulated one is handed in as a :class:`Host`: the clock
 (wall or virtual), the compute time injected before each step (a sleep, or the virtual clock moved
@@ -11,12 +12,12 @@ simulator's settings). What an algorithm needs from the loop is asked of its str
 """
 import logging
 import time
-from typing import Any, Dict, List, Sequence, cast
+from typing import Any, Dict, List
 
 import numpy as np
 
-from ..algorithms.base import ExchangeStats, exchange_stats
 from .config import ConfigError
+from .epoch_report import EpochReport
 from .job_process import TrainingStopped, say
 
 logger = logging.getLogger(__name__)
@@ -75,18 +76,6 @@ class Host:
                 "worker_core_wait": waits, "core_wait": max(waits)}
 
 
-def worker_speeds(rates: Sequence[float], listed: int = 8) -> str:
-    """The epoch line's per-worker samples/s, so a slow node shows on the console: each worker's up
-    to ``listed`` workers, beyond that the slowest and fastest with their numbers; empty for one."""
-    if len(rates) < 2:
-        return ""
-    if len(rates) <= listed:
-        return " (per worker " + " ".join(f"{r:.0f}" for r in rates) + ")"
-    slow = min(range(len(rates)), key=rates.__getitem__)
-    fast = max(range(len(rates)), key=rates.__getitem__)
-    return f" (per worker: slowest {rates[slow]:.0f}, worker {slow}; fastest {rates[fast]:.0f}, worker {fast})"
-
-
 class Counters:
     """One worker's running counts; a checkpoint holds them, so a resumed epoch reports as a whole one."""
 
@@ -106,7 +95,8 @@ class WorkerLoop:
     """One worker's epochs (:meth:`run`): train until this worker has a reason to stop
     (:meth:`_train`), let the host deal with stalled workers, ``load_global_model()``, agree on why the
     workers stopped (:meth:`_agree`), then stop on non-finite gradients, report the epoch
-    (:meth:`_end_epoch`) and write a checkpoint when one is due (:meth:`_checkpoint_due`).
+    (:class:`~hvd_async.job.epoch_report.EpochReport`) and write a checkpoint when one is due
+    (:meth:`_checkpoint_due`).
 
     Args:
         spec: the job (a :class:`~hvd_async.job.jobspec.JobSpec`, ``hvd-async train``'s or the simulator's).
@@ -120,8 +110,6 @@ class WorkerLoop:
         progress: worker 0's display inside an epoch, ``"bar"`` or ``"lines"`` (:mod:`hvd_async.progress`),
             or None.
     """
-
-    stats: ExchangeStats  # the last epoch's
 
     def __init__(self, spec, *, model, opt, splits, comm, host: Host, metrics, servers: bool, device=None,
                  saver=None, progress=None):
@@ -153,11 +141,11 @@ class WorkerLoop:
         self.job["next_checkpoint"] = self.every
         if options.resume:
             self._resume()
-        self.staleness_seen = np.asarray(self.job.get("staleness_seen", []), dtype=np.int64)
+        self.report = EpochReport(spec, opt=opt, metrics=metrics, host=host, model=model, test=splits.test,
+                                  device=device, servers=servers, batch_sizes=self.source.shared is not None,
+                                  progress=self.progress, staleness_seen=self.job.get("staleness_seen", []))
         self.dropped: List[int] = []  # workers a --worker-timeout dropped
         self.loss_sum = torch.zeros((), device=device)  # (summed where the losses are: no host read a step)
-        self.blocked_before = exchange_stats(self.opt.strategy).exchange_wait_seconds
-        self.stats, self.train_loss, self.batch_sizes = ExchangeStats(), None, None  # the last epoch's, for the record
 
     def _count(self) -> int:
         """What ``--checkpoint-every N steps`` counts: the servers' updates, or this worker's steps."""
@@ -204,7 +192,7 @@ class WorkerLoop:
         if self.reporter:
             self.job.update(history=self.metrics.history, evaluations=self.metrics.evaluations,
                             elapsed=self.metrics.elapsed(),
-                            staleness_seen=self.staleness_seen.tolist())
+                            staleness_seen=self.report.staleness_seen.tolist())
         return self.saver.save(progress, folder, part, self.job if self.reporter else None)
 
     def _next_batch(self, epoch: int):
@@ -336,84 +324,6 @@ class WorkerLoop:
         raise TrainingStopped(f"stopped in epoch {epoch}: {limit} gradients in a row held NaN or infinity on a "
                               f"worker (--max-nonfinite {limit}); none was applied; {hint}")
 
-    def _end_epoch(self, epoch: int) -> None:
-        """Collective: evaluate, reduce the epoch's figures; worker 0 records and prints them."""
-        from ..metrics import pooled_staleness
-
-        acc, comm, workers, opt = self.acc, self.comm, self.workers, self.opt
-        steps = max(1, acc.epoch_steps)
-        acc.samples += acc.epoch_samples
-        acc.dropped_samples += acc.epoch_dropped
-        acc.train_seconds += acc.epoch_seconds
-        trained = acc.train_seconds
-        acc.wait_total += acc.epoch_wait
-        stats = self.stats = exchange_stats(opt.strategy)
-        if not self.host.server_time:
-            stats.server_ms_per_push = None
-        timing = {}
-        if self.blocked_before is not None:  # od-sgd, hpsgd: time step() sat waiting for the exchange
-            timing["exchange_blocked_ms_per_step"] = comm.allreduce(
-                1000.0 * (cast(float, stats.exchange_wait_seconds) - self.blocked_before) / steps) / workers
-        worker_loss = float(self.loss_sum) / steps
-        self.train_loss = comm.allreduce(worker_loss) / workers
-        losses = comm.gather(worker_loss, root=0)
-        applied = acc.epoch_samples - acc.epoch_dropped
-        rates = comm.gather(applied / acc.epoch_seconds if acc.epoch_seconds > 0 else 0.0, root=0)
-        dropped = comm.allreduce(acc.epoch_dropped)
-        accuracy, train_clock = self._evaluate(epoch, 1.0, trained)
-        waits = comm.gather(1000.0 * acc.epoch_wait / steps, root=0)
-        staleness = pooled_staleness(stats, comm)
-        timing = {"compute_ms_per_step": comm.allreduce(1000.0 * acc.epoch_compute / steps) / workers, **timing}
-        self.batch_sizes = comm.gather(self.options.batch_size if stats.batch_size is None else stats.batch_size,
-                                       root=0)
-        if self.reporter:
-            self._report(epoch, accuracy, rates, losses, waits, timing, staleness, acc.epoch_seconds, dropped)
-            self.metrics.history[-1]["train_seconds"] = round(train_clock, 6)
-        self.staleness_seen = staleness
-        self.blocked_before = stats.exchange_wait_seconds
-        acc.new_epoch()
-        self.loss_sum.zero_()
-
-    def _evaluate(self, epoch: int, at: float, trained: float):
-        """Collective: the held-out accuracy at fraction ``at`` of ``epoch``, off the training clock
-        (``trained``: this worker's training seconds so far; the clock is their maximum over the
-        workers). Worker 0 records it with the evaluation's own time. Returns (accuracy, clock)."""
-        from ..metrics import evaluate_accuracy
-
-        comm, host = self.comm, self.host
-        host.beat()
-        start = host.clock()
-        accuracy = evaluate_accuracy(self.model, self.splits.test, self.rank, self.workers, comm, self.device)
-        took = comm.allreduce(host.clock() - start, op=host.MAX)
-        clock = comm.allreduce(trained, op=host.MAX)
-        host.beat()
-        if self.reporter:
-            self.metrics.evaluation(epoch, at, accuracy, train_seconds=clock, seconds=took)
-        return accuracy, clock
-
-    def _report(self, epoch, accuracy, rates, losses, waits, timing, staleness, seconds, dropped) -> None:
-        metrics, options = self.metrics, self.options
-        entry = metrics.epoch(epoch, test_accuracy=accuracy, train_loss=self.train_loss,
-                              worker_samples_per_second=rates, exchange_wait_ms=sum(waits) / self.workers,
-                              timing=timing, worker_losses=losses, worker_exchange_wait_ms=waits)
-        entry["dropped_samples"] = dropped
-        if self.source.shared is not None:
-            entry["batch_sizes"] = self.batch_sizes
-            metrics.per_worker("batch_size", self.batch_sizes, epoch)
-        if self.uses_servers:  # apply rate, server time per push, compensation norms (dc-asgd, lc-asgd)
-            entry.update(metrics.server(epoch, pushes=self.opt.progress(), seconds=seconds,
-                                        server_ms_per_push=self.stats.server_ms_per_push,
-                                        compensation=self.stats.compensation))
-        if staleness.sum() > self.staleness_seen.sum():
-            metrics.staleness_histogram(staleness, self.staleness_seen, epoch)
-        line = (f"epoch {epoch}/{options.epochs}  train loss {self.train_loss:.4f}  {options.eval_on} accuracy "
-                f"{accuracy:.4f}  {sum(rates):.0f} samples/s{worker_speeds(rates)}  "
-                f"{entry['wall_seconds']:.1f} {self.host.seconds}")
-        if self.progress is not None:
-            self.progress.write(line)
-        else:
-            say(line)
-
     def _checkpoint_due(self, ended: bool, pause: bool, epoch: int, progress: int) -> bool:
         """After the agreement (``epoch``: the next one to train): whether to save now."""
         if self.saver is None:
@@ -446,13 +356,15 @@ class WorkerLoop:
             point = (0 if ended or self.options.evals_per_epoch == 1
                      else self.comm.allreduce(self._eval_point(epoch), op=host.MAX))
             if ended:
-                self._end_epoch(epoch)
+                self.report.end_epoch(self.comm, epoch, self.acc, self.loss_sum)
+                self.acc.new_epoch()
+                self.loss_sum.zero_()
                 epoch += 1
                 self.job["epoch"] = epoch
             elif point > self.acc.epoch_evals:  # the furthest point any worker passed: one evaluation
                 self.acc.epoch_evals = point
-                self._evaluate(epoch, point / self.options.evals_per_epoch,
-                               self.acc.train_seconds + self.acc.epoch_seconds)
+                self.report.evaluate(self.comm, epoch, point / self.options.evals_per_epoch,
+                                     self.acc.train_seconds + self.acc.epoch_seconds)
             if self._checkpoint_due(ended, pause, epoch, progress):
                 host.beat()
                 path = self.save_checkpoint(progress)
@@ -463,45 +375,12 @@ class WorkerLoop:
         return self._finish()
 
     def _finish(self) -> dict:
-        from ..transport.window import staleness_summary
-
+        """Collective: close the optimizer; the final metrics record (complete on worker 0)."""
         if self.progress is not None:
             self.progress.close()
-        acc, comm, stats, opt = self.acc, self.comm, self.stats, self.opt
-        steps = acc.steps
-        total_samples = comm.allreduce(acc.samples)
-        applied_samples = total_samples - comm.allreduce(acc.dropped_samples)
-        dropped_gradients = comm.allreduce(opt.strategy.dropped_gradients)
-        worker_samples = comm.gather([acc.samples, acc.samples - acc.dropped_samples], root=0)
-        total_steps = comm.allreduce(steps)
-        train_seconds = comm.allreduce(acc.train_seconds, op=self.host.MAX)
-        blocked = stats.exchange_wait_seconds
-        blocked = None if blocked is None else 1000.0 * comm.allreduce(blocked) / max(1, total_steps)
-        counted = {}
-        if stats.dropped_pushes is not None:  # every worker's pushes the servers dropped as late
-            counted["dropped_pushes"] = stats.dropped_pushes
-        if stats.inbox_slot_waits is not None:  # a pool of inbox slots: pushes that waited for one (all workers')
-            counted["inbox_slot_waits"] = comm.allreduce(stats.inbox_slot_waits)
-        opt.close()
-        staleness_mean, staleness_max = staleness_summary(self.staleness_seen)
-        metrics = self.metrics
-        record = dict(
-            steps=steps, final_test_accuracy=metrics.history[-1]["test_accuracy"] if self.reporter else None,
-            final_train_loss=self.train_loss, wall_seconds=None, train_seconds=round(train_seconds, 6),
-            eval_seconds=round(sum(e["eval_seconds"] for e in metrics.evaluations), 6),
-            samples=total_samples, samples_applied=applied_samples,
-            worker_samples=[n for n, _ in worker_samples] if self.reporter else None,
-            worker_samples_applied=[n for _, n in worker_samples] if self.reporter else None,
-            dropped_gradients=dropped_gradients,
-            samples_per_second=applied_samples / max(train_seconds, 1e-9),
-            computed_samples_per_second=total_samples / max(train_seconds, 1e-9),
-            step_wait_ms_mean=1000.0 * acc.wait_total / max(1, steps), exchange_blocked_ms_mean=blocked,
-            staleness_mean=staleness_mean, staleness_max=staleness_max,
-            staleness_hist=self.staleness_seen.tolist(), batch_sizes=self.batch_sizes,
-            dropped_workers=self.dropped, server_ms_per_push=stats.server_ms_per_push,
-            updates=opt.progress() if self.uses_servers else steps * self.workers, **counted)
+        totals = self.report.totals(self.comm, self.acc)
+        self.opt.close()
+        record = self.report.record(totals, self.acc, workers=self.workers, reporter=self.reporter,
+                                    dropped_workers=self.dropped)
         record.update(self.host.finish(self))
-        return metrics.finish(self.options.metrics_out, **record,
-                              **metrics.compensation(stats.compensation))
-
-
+        return self.report.finish(record)

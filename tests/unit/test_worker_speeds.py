@@ -1,5 +1,5 @@
 """The epoch line names each worker's samples/s, so a slow node shows on the console (issue 59)."""
-from hvd_async.job.worker_loop import worker_speeds
+from hvd_async.job.epoch_report import worker_speeds
 
 
 def test_each_workers_speed_is_listed_up_to_eight_workers():
