@@ -243,7 +243,7 @@ def options():
         opt.close()
     if ha.num_servers():
         model = model_for(5)
-        works = {name: ", ".join(sorted(algos)) for name, algos in ha.optimizer._where_supported().items()}
+        works = {name: ", ".join(sorted(algos)) for name, algos in ha.wrapping.where_supported().items()}
         assert "ssgd" in works["compression"] and "ssgd" in works["op"] and "asgd" not in works["op"].split(", ")
         for kw, says in (({"compression": hvd.Compression.fp16},
                           f"compression='fp16' has no meaning under asgd; it works with: {works['compression']}"),

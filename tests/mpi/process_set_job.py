@@ -59,7 +59,7 @@ def refused_by_gossip(model, process_set) -> None:
                                 algorithm="gossip", process_set=process_set)
         raise AssertionError("gossip accepted a process set")
     except ValueError as exc:
-        works = ", ".join(sorted(ha.optimizer._where_supported()["process_set"]))  # (ssgd among them)
+        works = ", ".join(sorted(ha.wrapping.where_supported()["process_set"]))  # (ssgd among them)
         assert "ssgd" in works and f"has no meaning under gossip; it works with: {works}" in str(exc), exc
 
 

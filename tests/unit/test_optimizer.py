@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hvd_async import DistributedOptimizer
-from hvd_async.optimizer import _where_supported  # the table the messages name the algorithms from
+from hvd_async.wrapping import where_supported  # the table the messages name the algorithms from
 from hvd_async.transport import LoopbackGroup
 
 
@@ -78,7 +78,7 @@ def test_bad_options_say_what_is_accepted(kwargs, error, match):
 def test_a_speed_only_option_without_effect_warns_at_the_callers_line():
     """num_groups under an algorithm that makes no grouped allreduce: a warning (it changes speed, not
     results) naming the algorithms where it works, shown at the line that built the optimizer."""
-    makers = ", ".join(sorted(_where_supported()["num_groups"]))  # (ssgd and the others grouping allreduces)
+    makers = ", ".join(sorted(where_supported()["num_groups"]))  # (ssgd and the others grouping allreduces)
     assert "ssgd" in makers.split(", ") and "hpsgd" not in makers.split(", ")
     with pytest.warns(UserWarning, match=f"num_groups=2 has no effect under hpsgd: .* only these algorithms make: "
                                          f"{makers}$") as caught:
