@@ -22,16 +22,16 @@ test-cluster: export HVD_ASYNC_TEST_TOOLS := 1
 
 # Ratios measured side by side in one run each; JSON and plots go to benchmarks/results/.
 bench: setup
-	$(VENV)/bin/python benchmarks/ssgd_overhead.py
-	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode shm
-	$(VENV)/bin/python benchmarks/rma_bandwidth.py --mode no-shm
-	$(VENV)/bin/python benchmarks/straggler_throughput.py
+	$(VENV)/bin/python benchmarks/speed/ssgd_overhead.py
+	$(VENV)/bin/python benchmarks/speed/rma_bandwidth.py --mode shm
+	$(VENV)/bin/python benchmarks/speed/rma_bandwidth.py --mode no-shm
+	$(VENV)/bin/python benchmarks/speed/straggler_throughput.py
 
 # Before submitting a change to a hot path (issue 19): the quick forms of the ratio benchmarks against their
 # targets and the committed results (a few minutes; results in runs/bench-check/; exits 0 unless one crashed).
 .PHONY: bench-check
 bench-check: setup
-	$(VENV)/bin/python benchmarks/bench_check.py $(BENCH_CHECK_ARGS)
+	$(VENV)/bin/python benchmarks/speed/bench_check.py $(BENCH_CHECK_ARGS)
 
 # The CLI reference (docs/cli.md) from the parser; a test checks it is current.
 docs: setup
@@ -40,16 +40,16 @@ docs: setup
 # The reproduction study of the papers' claims at one commit: first the real runs its real checks read
 # (five seeds or repeats each), then the simulated parts and docs/results.md (about 80 minutes on 2 cores).
 study: setup
-	$(VENV)/bin/python benchmarks/overlap_claims.py
-	$(VENV)/bin/python benchmarks/compensation_claims.py
-	$(VENV)/bin/python benchmarks/scaling_claims.py
-	$(VENV)/bin/python benchmarks/reproduce.py
+	$(VENV)/bin/python benchmarks/study/overlap_claims.py
+	$(VENV)/bin/python benchmarks/study/compensation_claims.py
+	$(VENV)/bin/python benchmarks/study/scaling_claims.py
+	$(VENV)/bin/python benchmarks/study/reproduce.py
 
 # The whole fault matrix: every algorithm family x every way one rank fails x shared memory on and off
-# (benchmarks/faults.py; about 25 minutes here); make test runs its fast part (tests/test_faults.py).
+# (benchmarks/faults/faults.py; about 25 minutes here); make test runs its fast part (tests/test_faults.py).
 .PHONY: faults
 faults: setup
-	$(VENV)/bin/python benchmarks/faults.py
+	$(VENV)/bin/python benchmarks/faults/faults.py
 
 # The long stress run (randomized asynchronous jobs); make test runs a short one.
 stress: setup

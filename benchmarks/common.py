@@ -1,6 +1,14 @@
 """What every benchmark script shares: relaunching itself under mpirun, running the training job,
 and writing its JSON (with its provenance: commit, tree state, machine, versions, command, date)
-and plot."""
+and plot.
+
+The scripts sit in folders by what they measure: ``speed/`` (costs and ratios), ``study/`` (the
+convergence and reproduction studies), ``faults/`` (the fault matrix) and ``device/`` (the GPU
+machine's); this module stays in ``benchmarks/``, and ``results/`` holds the records. Each script's
+line after its standard-library imports puts ``benchmarks/`` on ``sys.path`` (``sys.path.insert(0,
+os.path.dirname(os.path.dirname(os.path.abspath(__file__))))``) so that ``from common import ...``
+works run from anywhere or imported; a script's own folder is on the path as the script's (a test
+puts the group's folder there), so scripts of one group import each other by name."""
 import argparse
 import datetime
 import importlib.metadata
@@ -238,7 +246,7 @@ def versions() -> dict:
 
 def source_state():
     """(commit, tree_clean, dirty files, where the commit came from). On the device machine the commit
-    is DEVICE_COMMIT, as scripts/device_check.sh names it (benchmarks/device_info.py: a sha, '+dirty'
+    is DEVICE_COMMIT, as scripts/device_check.sh names it (benchmarks/device/device_info.py: a sha, '+dirty'
     when the tree differed where it was set): the device tool's copy of the tree may carry no .git, or
     the session's starting one (seen: its HEAD an older commit, the newer ones' files 'dirty')."""
     named = os.environ.get("DEVICE_COMMIT", "")

@@ -29,8 +29,8 @@
 #   setup      Open MPI, mpi4py check, Horovod build(s), the two-rank probe (always run when a later
 #              part needs it; listed alone it stops there)
 #   tests      pytest -m gpu tests/test_gpu.py once per Horovod build (junit XML and RESULT figures)
-#   gpu-bench  benchmarks/gpu_throughput.py: throughput (ssgd vs Horovod, NCCL build), overlap, staging
-#   cpu-study  benchmarks/cpu_study.py on the CPU cores (CPU_STUDY_ARGS are added; it resumes from a
+#   gpu-bench  benchmarks/device/gpu_throughput.py: throughput (ssgd vs Horovod, NCCL build), overlap, staging
+#   cpu-study  benchmarks/study/cpu_study.py on the CPU cores (CPU_STUDY_ARGS are added; it resumes from a
 #              carried .device/prebuilt/cpu_study.json)
 # --dry-run: checks the carried files, unpacks Open MPI and runs a 2-rank MPI program with it, and
 # prints what it would build and run; no Horovod build, no GPU needed (runs on any Debian-like box).
@@ -103,7 +103,7 @@ EOF
 say "root $root, carried files $carry, work $work, results to $out, parts $parts, variants $variants$( ((dry)) && echo ' (dry run)')"
 "$py" - "$results/device.json" <<'EOF' || fail "could not describe the machine"
 import json, os, shutil, subprocess, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/device")
 from device_info import environment
 info = environment()
 def cmd(*c):
@@ -340,8 +340,8 @@ EOF
 fi
 if ((dry)); then
   say "(dry run) tests: for each build: PYTHONPATH=$work/hvd-VARIANT:$root HVD_ASYNC_GPU_HOROVOD=VARIANT $py -m pytest -m gpu tests/test_gpu.py -rs"
-  say "(dry run) gpu-bench: $py benchmarks/gpu_throughput.py --part throughput --np 1 (nccl build), --part overlap --overlap-np 2, --part staging"
-  say "(dry run) cpu-study: $py benchmarks/cpu_study.py --out $out/cpu_study.json --resume ${CPU_STUDY_ARGS:-}"
+  say "(dry run) gpu-bench: $py benchmarks/device/gpu_throughput.py --part throughput --np 1 (nccl build), --part overlap --overlap-np 2, --part staging"
+  say "(dry run) cpu-study: $py benchmarks/study/cpu_study.py --out $out/cpu_study.json --resume ${CPU_STUDY_ARGS:-}"
   say "dry run done: Open MPI unpacked and working${built:+, builds planned: ${built[*]}}"
   publish; exit $status
 fi
@@ -397,7 +397,7 @@ if has_part gpu-bench; then
     rm -rf "$results/bench_$v"
     # shellcheck disable=SC2046,SC2086  # way_env and GPU_BENCH_ARGS are split into words on purpose
     env PYTHONPATH="$work/hvd-$v:$root:${PYTHONPATH:-}" HVD_ASYNC_GPU_HOROVOD="$v" $(way_env "$v") PYTHONUNBUFFERED=1 \
-      timeout 600 "$py" benchmarks/gpu_throughput.py --part "$part" --outdir "$results/bench_$v" "$@" ${GPU_BENCH_ARGS:-} \
+      timeout 600 "$py" benchmarks/device/gpu_throughput.py --part "$part" --outdir "$results/bench_$v" "$@" ${GPU_BENCH_ARGS:-} \
       2>&1 | tee "$results/logs/bench_${part}_$v.log" | grep -v '^\[' | tail -15
     local code=${PIPESTATUS[0]}
     [[ -f $results/bench_$v/gpu_$part.json ]] && cp "$results/bench_$v/gpu_$part.json" "$results/$name.json"
@@ -419,7 +419,7 @@ if has_part cpu-study; then
   say "CPU study with horovod ($v) on $(nproc) cores: ${CPU_STUDY_ARGS:-(defaults)}"
   # shellcheck disable=SC2086
   env PYTHONPATH="$work/hvd-$v:$root:${PYTHONPATH:-}" CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 \
-    "$py" benchmarks/cpu_study.py --out "$out/cpu_study.json" --resume ${CPU_STUDY_ARGS:-} \
+    "$py" benchmarks/study/cpu_study.py --out "$out/cpu_study.json" --resume ${CPU_STUDY_ARGS:-} \
     2>&1 | tee "$results/logs/cpu_study.log" | grep -v '^\['
   ((PIPESTATUS[0] == 0)) || fail "CPU study (logs/cpu_study.log)"
   cp "$out/cpu_study.json" "$results/cpu_study.json" 2>/dev/null

@@ -1,8 +1,8 @@
 """The guide's server capacity table (issue 58), generated from benchmarks/results/push_bandwidth.json
-(benchmarks/push_bandwidth.py): for each server-side rule and shard size, milliseconds per push, shard
+(benchmarks/speed/push_bandwidth.py): for each server-side rule and shard size, milliseconds per push, shard
 passes per push, the ratio to asgd's MPI Accumulate of the same bytes in the same run, and the pushes
 a second one server thread serves; then how many shards a model needs; and, from
-benchmarks/results/step_cost.json (benchmarks/step_cost.py), what a user's ``opt.step()`` costs under
+benchmarks/results/step_cost.json (benchmarks/speed/step_cost.py), what a user's ``opt.step()`` costs under
 each server-side algorithm beside asgd's. Rewrites the part of docs/guide.md between the markers; ``--check`` exits 1 where the page is not what the record gives."""
 import argparse
 import os

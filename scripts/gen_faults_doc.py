@@ -1,4 +1,4 @@
-"""The fault matrix of docs/reliability.md, generated from its records (benchmarks/faults.py writes
+"""The fault matrix of docs/reliability.md, generated from its records (benchmarks/faults/faults.py writes
 them): benchmarks/results/faults.json (the package as it is) and faults_before.json (the package
 before the fix, where a record of it exists). Rewrites the part between the markers; ``--check``
 exits 1 where the page is not what the records give."""

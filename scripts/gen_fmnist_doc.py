@@ -1,5 +1,5 @@
 """docs/results_fmnist.md and docs/results_fmnist_v2.md, generated from the records of the Fashion-MNIST
-grids (benchmarks/convergence.py writes them after every run): benchmarks/protocol.md's
+grids (benchmarks/study/convergence.py writes them after every run): benchmarks/protocol.md's
 (convergence_fmnist.json: fmnist-4, fmnist-8; convergence_fmnist_straggler.json: fmnist-4-straggler)
 and benchmarks/protocol_v2.md's (convergence_fmnist_v2_*.json, one a cell; the simulator's
 convergence_fmnist_v2_sim_*.json). A record still missing, or holding fewer runs than the protocol
@@ -13,7 +13,7 @@ import sys
 
 from docgen import ROOT, load_record, write_or_check
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
 from convergence import CPU_BOUND, LEAVE_ONE_OUT, V2_SYNC_BASELINES, v2_criterion  # noqa: E402  (protocol v2's)
 
 DOC = os.path.join(ROOT, "docs", "results_fmnist.md")

@@ -1,4 +1,4 @@
-"""The fast part of the fault matrix (the whole: ``make faults``, benchmarks/faults.py): one worker
+"""The fast part of the fault matrix (the whole: ``make faults``, benchmarks/faults/faults.py): one worker
 leaving a job early, in the ways that used to hang (``sys.exit(0)``, ``opt.close()`` in a ``finally``,
 a DataError on that worker alone), ends the whole job within seconds, with a non-zero exit status and
 a line naming it; and frozen parameters stay bit for bit under every algorithm."""
@@ -11,8 +11,8 @@ import pytest
 from hvd_async import registry
 from procs import mpirun, python, run
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import faults  # noqa: E402  (benchmarks/faults.py: the matrix's cell runner)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "faults"))
+import faults  # noqa: E402  (benchmarks/faults/faults.py: the matrix's cell runner)
 
 SERVERLESS = registry.serverless()
 

@@ -1,4 +1,4 @@
-"""The reproduction study's reduced version (benchmarks/reproduce.py --quick) runs and writes sane output:
+"""The reproduction study's reduced version (benchmarks/study/reproduce.py --quick) runs and writes sane output:
 every part's JSON and PNG, accuracies in [0, 1], time axes strictly increasing, a verdict per part,
 and the results page (in the output folder, not docs/)."""
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce.py")
+SCRIPT = os.path.join(ROOT, "benchmarks", "study", "reproduce.py")
 PARTS = ("odsgd", "compensation", "compensation_teacher", "scaling", "scaling_teacher", "hetero", "hpsgd")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

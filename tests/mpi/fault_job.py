@@ -1,4 +1,4 @@
-"""One cell of the fault matrix (tests/test_faults.py, benchmarks/faults.py): a user's Horovod-style
+"""One cell of the fault matrix (tests/test_faults.py, benchmarks/faults/faults.py): a user's Horovod-style
 script under ``algorithm=ALGO`` in which one rank fails in one way (``FAULT``) after a few steps.
 Every other worker trains on, then runs the collectives a script ends with (``load_global_model``,
 an ``hvd.allreduce`` of a metric). The job must end within seconds of the fault: never a hang.

@@ -4,7 +4,7 @@ Workers run the named checks in order (harness.py); worker 0 prints ``GPU CHECKS
 ``RESULT {json}`` lines with what a check measured (test_gpu.py keeps them). The model lives on
 ``GPU_CHECKS_DEVICE`` (default ``cuda``; ``cpu`` runs the same code without a GPU, which only checks
 the checks). With ``HVD_ASYNC_NCCL_HOSTID_PER_RANK=1`` each rank gives NCCL a host id of its own, so
-that two ranks may share the one GPU (benchmarks/gpu_throughput.py says why).
+that two ranks may share the one GPU (benchmarks/device/gpu_throughput.py says why).
 
 - ``probe``: a Horovod allreduce of a CUDA tensor works at this many ranks (what Horovod was built with).
 - ``hpsgd_sync``: hpsgd with ``window=1``, no overlap, merge rate 1, the model on the GPU (hpsgd's own
@@ -14,7 +14,7 @@ that two ranks may share the one GPU (benchmarks/gpu_throughput.py says why).
 - ``hpsgd_table``: the fixed gradient table against the hand recurrence (tests/reference.py) with a
   large tensor on the GPU, overlap on and off: a missing wait between the streams shows here.
 - ``hpsgd_hidden``: resnet50 on synthetic images: the time hpsgd's exchange blocks a step is at most
-  ``HIDDEN_TARGET`` (10%) of the exchange's own time (benchmarks/gpu_throughput.py's overlap part).
+  ``HIDDEN_TARGET`` (10%) of the exchange's own time (benchmarks/device/gpu_throughput.py's overlap part).
 - ``ssgd_device_skip``: ssgd with torch's SGD on the GPU, fused and unfused, takes no host sync in its
   steps (torch's sync debug mode set to error) and skips a step whose averaged gradient holds NaN, exactly.
 - ``ps_parity`` (SERVERS=1): asgd, dc-asgd and od-sgd (both exchanges) with the model on the GPU equal
@@ -27,7 +27,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "device"))
 
 if os.environ.get("HVD_ASYNC_NCCL_HOSTID_PER_RANK") == "1":  # before anything starts NCCL
     os.environ["NCCL_HOSTID"] = "hvd-async-rank-" + os.environ.get("OMPI_COMM_WORLD_RANK", "0")

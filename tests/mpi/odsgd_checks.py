@@ -136,7 +136,7 @@ def overlap():
     each handle is waited for by the next step, never by the step that started it), and the exchange
     then completes with nothing but the worker's compute going on (the comm thread's or Horovod's own
     progress). How much of the exchange's time this hides is measured, not asserted, by
-    benchmarks/odsgd_blocking.py."""
+    benchmarks/speed/odsgd_blocking.py."""
     import horovod.torch as hvd
 
     comm = ha.worker_comm()

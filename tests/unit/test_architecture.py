@@ -85,9 +85,9 @@ def test_replay_takes_the_algorithms_whose_strategies_say_so():
 
 
 def test_the_convergence_grid_is_the_registrys():
-    """benchmarks/convergence.py's default grid is the registry's (a pre-registered grid names its
+    """benchmarks/study/convergence.py's default grid is the registry's (a pre-registered grid names its
     algorithms in its command's --algos, and a protocol's criteria their baselines): not a list."""
-    with open(os.path.join(ROOT, "benchmarks", "convergence.py")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "study", "convergence.py")) as f:
         tree = ast.parse(f.read())
     (grid,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
                and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["ALGORITHMS"]]

@@ -95,7 +95,7 @@ def _setup_commit() -> None:
 
 
 def setup_time():
-    """The README's first-run figure, from benchmarks/setup_time.py's record."""
+    """The README's first-run figure, from benchmarks/speed/setup_time.py's record."""
     r = record("setup_time.json")
     prov = r["provenance"]
     present = "already installed" if all(r["debian_packages_present"].values()) else "partly installed"
@@ -148,7 +148,7 @@ STUDY_PARTS = {"odsgd": "od-sgd", "compensation": "compensation (digits)",
 def study_verdicts():
     """The reproduction study's verdicts, at the one commit every part and real record ran at."""
     parts = {part: record(f"reproduce_{part}.json") for part in STUDY_PARTS}
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
     from reproduce_page import REAL_RECORDS as reals  # the records the study's real checks read
     commits = {r["provenance"]["commit"] for r in parts.values()} | \
         {record(f"{name}.json")["provenance"]["commit"] for name in reals}
@@ -368,7 +368,7 @@ def _v2_cell(workers: int, kind: str):
 def _verdict(entry) -> str:
     """A v2 cell's (b1) or (b2) verdict in words; where it was not judged because the cell is CPU-bound,
     by how much."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
     from convergence import CPU_BOUND
 
     verdict = {True: "passed", False: "failed", None: "was not judged"}[entry["passes"]]
@@ -430,7 +430,7 @@ def readme_steady():
 def _v2_page():
     """scripts/gen_fmnist_doc.py, which names the v2 cells and their records and judges the simulator's
     agreement (the generated page's rules, read here rather than written again)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import gen_fmnist_doc
 

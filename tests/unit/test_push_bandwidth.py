@@ -1,11 +1,12 @@
-"""benchmarks/push_bandwidth.py counts a push's memory traffic from its tensor operations: the count
+"""benchmarks/speed/push_bandwidth.py counts a push's memory traffic from its tensor operations: the count
 itself, checked on operations whose traffic is known."""
 import os
 import sys
 
 import torch
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.join(ROOT, "benchmarks", "speed")
 if BENCHMARKS not in sys.path:
     sys.path.insert(0, BENCHMARKS)
 

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
 
 import bench_check  # noqa: E402  (benchmarks/ is not a package)
 
@@ -62,7 +62,7 @@ def problems(name, record, commit_exists=_commit_exists) -> list:
         found.append(f"{name}: written from a dirty tree ({prov.get('dirty_files')}): commit, then rerun")
     if not (prov["machine"].get("cores_usable") and prov["machine"].get("cpu_model")):
         found.append(f"{name}: machine (cores, CPU model) missing")
-    library = record.get("library")  # the study's simulated library (benchmarks/simjobs.py library_info)
+    library = record.get("library")  # the study's simulated library (benchmarks/study/simjobs.py library_info)
     if library is not None and not (commit_exists(library.get("commit")) and library.get("library_modified") is False):
         found.append(f"{name}: library commit {library.get('commit')} unknown or modified at the run")
     return found
@@ -161,7 +161,7 @@ def test_rma_rows_read_each_size():
 def test_the_fixed_budget_keeps_the_shorter_runs_last_epoch():
     """hpsgd against ssgd at a fixed time: the budget is the shorter run's end; that run's last epoch
     counts even though the curve's times are rounded (to 4 decimals) and the run's total is not."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
     from reproduce import CHANCE, score_at_budget
 
     short = {"status": "ok", "sim_seconds": 1.23456789, "curve": [(0.6173, 0.5, 0), (1.2346, 0.9, 0)]}

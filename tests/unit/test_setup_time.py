@@ -1,11 +1,11 @@
-"""benchmarks/setup_time.py, the README's first-setup figure: the packages it reports are the setup's
+"""benchmarks/speed/setup_time.py, the README's first-setup figure: the packages it reports are the setup's
 own list, the setup it times runs outside this process's virtual environment with a fresh cache, and
 the job it times is the Makefile's."""
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
 import setup_time  # noqa: E402
 
 

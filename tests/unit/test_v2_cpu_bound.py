@@ -1,4 +1,4 @@
-"""Protocol v2's CPU-bound rule, as benchmarks/convergence.py applies it: a cell is CPU-bound when a
+"""Protocol v2's CPU-bound rule, as benchmarks/study/convergence.py applies it: a cell is CPU-bound when a
 run's workers waited for a core 5% of their training time or more (core_wait), whatever the cores
 were kept busy by MPI's polling (cpu_utilisation, reported only)."""
 import os
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "study"))
 
 import convergence  # noqa: E402
 

@@ -54,7 +54,7 @@ class MetaCounters:
     def push_counted(self) -> np.ndarray:
         """Once the bump was flushed: this push's staleness per shard, and the bookkeeping."""
         # Per shard in Python ints: numpy's ufuncs cost about a microsecond each on arrays this small
-        # (this runs at every push; see benchmarks/rma_bandwidth.py at 1 KB).
+        # (this runs at every push; see benchmarks/speed/rma_bandwidth.py at 1 KB).
         versions, hist, latest = self.read.tolist(), self._hist_due, self.latest
         stale = []
         for k, fetched in enumerate(self._fetched.tolist()):

@@ -1,0 +1,148 @@
+"""The first day's waits, as a newcomer meets them: the README's first command, ``make train``, on a
+fresh clone with an empty environment cache and pip's cache off.
+
+It times the setup (``make setup``: the virtual environment from PyPI, Horovod's build, the editable
+install), then the main job as ``make train`` runs it, several times: when its first line reaches the
+screen, when worker 0 takes its first training step (the job's ``seconds_to_first_step``: the ranks'
+imports, MPI's and Horovod's start, the data) and when it ends.
+
+What it cannot make fresh: Debian's packages (OpenMPI, the compilers, Fashion-MNIST), whose install
+needs root and would disturb the machine. The record lists the ones the machine already had; their
+install is not in the figure.
+
+    python benchmarks/speed/setup_time.py [--repeats 3] [--out benchmarks/results/setup_time.json]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: common.py
+from common import ROOT, provenance, write_record  # noqa: E402
+
+# the main job, as the Makefile's train target runs it (checked against the Makefile below)
+TRAIN = ["--np", "4"]
+
+
+def packages() -> list:
+    """The Debian packages scripts/setup.sh installs when missing (read from the script)."""
+    with open(os.path.join(ROOT, "scripts", "setup.sh")) as f:
+        found = re.search(r"^packages=\(([^)]*)\)", f.read(), re.M)
+    return found.group(1).split()
+
+
+def installed(package: str) -> bool:
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return status.stdout == "install ok installed"
+
+
+def clean_env(cache: str) -> dict:
+    """This environment without the virtual environment this script runs in (the setup makes its own
+    from the system's python3), with the fresh cache and pip's cache off."""
+    env = dict(os.environ)
+    venv = env.pop("VIRTUAL_ENV", None) or sys.prefix
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not os.path.realpath(p).startswith(os.path.realpath(venv)))
+    env.update(HVD_ASYNC_CACHE=cache, PIP_NO_CACHE_DIR="1")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def timed_setup(clone: str, env: dict, log: str) -> float:
+    print(f"[setup_time] make setup in a fresh clone ({clone}); the first run takes minutes, its output "
+          f"goes to {log}", flush=True)
+    began = time.monotonic()
+    with open(log, "w") as out:
+        done = subprocess.run(["make", "-C", clone, "setup"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+    seconds = time.monotonic() - began
+    if done.returncode != 0:
+        sys.exit(f"setup_time: error: make setup failed with status {done.returncode}; see {log}")
+    return seconds
+
+
+def timed_train(clone: str, env: dict, metrics: str) -> dict:
+    """One run of the main job, its output read as it comes: seconds to its first line, its end, and
+    the job's own seconds to the first step."""
+    cmd = [os.path.join(clone, ".venv", "bin", "hvd-async"), "train", *TRAIN, "--metrics-out", metrics,
+           "--logdir", metrics + ".tb"]
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True)
+    first_line, lines = None, []
+    for line in proc.stdout:
+        if first_line is None and line.strip():
+            first_line = time.monotonic() - began
+        lines.append(line.rstrip())
+    code = proc.wait()
+    total = time.monotonic() - began
+    if code != 0:
+        sys.exit(f"setup_time: error: the main job exited with status {code}:\n" + "\n".join(lines[-20:]))
+    with open(metrics) as f:
+        record = json.load(f)
+    return {"first_line_seconds": round(first_line, 2), "first_line": lines[0] if lines else "",
+            "seconds_to_first_step": record["seconds_to_first_step"], "total_seconds": round(total, 2),
+            "train_seconds": record["train_seconds"], "final_test_accuracy": record["final_test_accuracy"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the main job after the setup (default 3)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "setup_time.json"))
+    parser.add_argument("--keep", action="store_true", help="keep the clone and its environment")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be 1 or more, got {args.repeats}")
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        if "hvd-async train " + " ".join(TRAIN) + " --metrics-out runs/metrics.json --logdir runs/tb" not in f.read():
+            sys.exit("setup_time: error: the Makefile's train target no longer runs `hvd-async train "
+                     f"{' '.join(TRAIN)}`; update TRAIN in {__file__}")
+    prov = provenance()
+    present = {p: installed(p) for p in packages()}
+    work = tempfile.mkdtemp(prefix="hvd-setup-time-")
+    try:
+        clone = os.path.join(work, "clone")
+        subprocess.run(["git", "clone", "--quiet", ROOT, clone], check=True)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+        if head != prov["commit"]:
+            sys.exit(f"setup_time: error: the clone is at {head[:10]}, this checkout at {str(prov['commit'])[:10]}: "
+                     "commit first")
+        env = clean_env(os.path.join(work, "cache"))
+        setup = timed_setup(clone, env, os.path.join(work, "setup.log"))
+        print(f"[setup_time] setup took {setup:.0f} s; now the main job, {args.repeats} time(s)", flush=True)
+        runs = []
+        for k in range(args.repeats):
+            runs.append(timed_train(clone, env, os.path.join(work, f"metrics{k}.json")))
+            print(f"[setup_time] run {k + 1}: first line {runs[-1]['first_line_seconds']} s, first step "
+                  f"{runs[-1]['seconds_to_first_step']} s, done at {runs[-1]['total_seconds']} s", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    summary = {
+        "benchmark": "setup_time",
+        "what": ("make setup on a fresh clone with an empty HVD_ASYNC_CACHE and PIP_NO_CACHE_DIR=1, then the "
+                 "Makefile's main job (hvd-async train " + " ".join(TRAIN) + ") run after it; Debian's "
+                 "packages as the machine had them (debian_packages_present)"),
+        "debian_packages_present": present,
+        "setup_seconds": round(setup, 1),
+        "first_make_train_seconds": round(setup + runs[0]["total_seconds"], 1),
+        "runs": runs,
+        "median": {key: statistics.median(r[key] for r in runs)
+                   for key in ("first_line_seconds", "seconds_to_first_step", "total_seconds")},
+    }
+    write_record(summary, args.out)
+    print(f"[setup_time] make setup {setup:.0f} s; first make train {summary['first_make_train_seconds']:.0f} s; "
+          f"median first line {summary['median']['first_line_seconds']} s, first step "
+          f"{summary['median']['seconds_to_first_step']} s; written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
