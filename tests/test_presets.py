@@ -88,10 +88,10 @@ def test_a_departure_from_the_defaults_is_found(tmp_path):
 def _small(spec):
     """Flags that shrink a preset to one epoch at 2 workers (stragglers beyond worker 1 dropped)."""
     argv = ["--np", str(spec.layout.servers + WORKERS), "--epochs", "1"]
-    if spec.job.straggler:
-        kept = [s for s in spec.job.straggler if int(s.split("=")[0]) < WORKERS]
-        for spec in kept or ["0=1"]:  # a flag replaces the file's whole list
-            argv += ["--straggler", spec]
+    if spec.job.stragglers:
+        kept = [f"{worker}={factor:g}" for worker, factor in spec.job.stragglers.items() if worker < WORKERS]
+        for form in kept or ["0=1"]:  # a flag replaces the file's whole list
+            argv += ["--straggler", form]
     return argv
 
 

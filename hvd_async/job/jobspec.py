@@ -8,6 +8,7 @@ algorithm (:class:`JobAlgorithm`: resolved from the registry once, with the opti
 job's options and the cluster's layout.
 """
 import dataclasses
+import functools
 import math
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Type
@@ -166,7 +167,7 @@ class JobOptions:
         if self.max_nonfinite < 0:
             raise ValueError(f"max_nonfinite must be >= 0 (0: never stop), got {self.max_nonfinite}")
         self._check_files()
-        if parse_stragglers(self.straggler) and not self.compute_ms > 0:  # (which workers exist: the layout's)
+        if self.stragglers and not self.compute_ms > 0:  # (which workers exist: the layout's)
             raise ValueError(f"straggler {' '.join(self.straggler)} stretches the emulated device time, and "
                              f"--compute-ms is {self.compute_ms:g}; give --compute-ms MS > 0 (e.g. 20)")
         self.delay_shape = check_shape(self.delay_dist, self.delay_shape)
@@ -195,9 +196,9 @@ class JobOptions:
             raise ValueError(f"metrics_out {self.metrics_out} is a folder; give a file path, e.g. "
                              f"{os.path.join(self.metrics_out, 'metrics.json')}")
 
-    @property
+    @functools.cached_property
     def stragglers(self) -> Dict[int, float]:
-        """``straggler`` as worker -> factor."""
+        """``straggler`` as worker -> factor, parsed once (by the check, when the options are built)."""
         return parse_stragglers(self.straggler)
 
 
