@@ -52,11 +52,11 @@ def departures(path) -> list:
     """Where a preset's values differ from what it claims to be: the algorithm's declared option defaults
     (its Options dataclass, read through the registry) and the job's defaults for its dataset."""
     spec = config.validate(config.parse(["--config", path]))
-    options_cls = registry.algorithm(spec.algo).Options
+    options_cls = spec.algorithm.declaration.Options
     defaults = {field.name: field.default for field in dataclasses.fields(options_cls)}
     declared = {field.name: how for field, how in options.declared(options_cls)}
     found = [f"{_name(path)}: {declared[name].flag} is {value!r}, the declared default is {defaults[name]!r}"
-             for name, value in spec.algorithm.items()
+             for name, value in spec.algorithm.given.items()
              if declared[name].from_job is None and value != defaults[name]]  # the job's own: below
     job = config.validate(config.parse(["--algo", spec.algo, "--dataset", spec.job.dataset])).job
     found += [f"{_name(path)}: --{dest.replace('_', '-')} is {getattr(spec.job, dest)!r}, the job's default is "
