@@ -20,6 +20,7 @@ environment (made by ``make setup``), as a user who has already set up meets it 
 import argparse
 import json
 import os
+import pty
 import re
 import shutil
 import statistics
@@ -72,57 +73,98 @@ def timed_setup(clone: str, env: dict, log: str) -> float:
     return seconds
 
 
-def timed_train(clone: str, env: dict, metrics: str) -> dict:
-    """One run of the main job, its output read as it comes: seconds to its first line, its end, and
-    the job's own seconds to the first step."""
+def _output(proc, read) -> tuple:
+    """Read ``proc``'s output to its end with ``read()`` (bytes, b"" at the end): the seconds from
+    ``proc``'s start to its first visible character, and the text."""
+    began, first, chunks = proc.began, None, []
+    while True:
+        data = read()
+        if not data:
+            break
+        if first is None and data.strip():
+            first = time.monotonic() - began
+        chunks.append(data)
+    return first, b"".join(chunks).decode(errors="replace")
+
+
+def timed_train(clone: str, env: dict, metrics: str, terminal: bool = False) -> dict:
+    """One run of the main job, its output read as it comes: seconds to its first visible output, its
+    end, and the job's own seconds to the first step. Its output goes to a pipe (as into a log file), or
+    (``terminal``) to a pseudo-terminal, as a user at a terminal sees it."""
     cmd = [os.path.join(clone, ".venv", "bin", "hvd-async"), "train", *TRAIN, "--metrics-out", metrics,
            "--logdir", metrics + ".tb"]
-    began = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True)
-    first_line, lines = None, []
-    for line in proc.stdout:
-        if first_line is None and line.strip():
-            first_line = time.monotonic() - began
-        lines.append(line.rstrip())
+    if terminal:
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen(cmd, cwd=clone, env=env, stdout=follower, stderr=follower, stdin=subprocess.DEVNULL)
+        proc.began = time.monotonic()
+        os.close(follower)
+
+        def read() -> bytes:
+            try:
+                return os.read(leader, 65536)
+            except OSError:  # EIO: every process that had the terminal has closed it
+                return b""
+        try:
+            first, text = _output(proc, read)
+        finally:
+            os.close(leader)
+    else:
+        proc = subprocess.Popen(cmd, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        proc.began = time.monotonic()
+        first, text = _output(proc, lambda: proc.stdout.read1(65536))
     code = proc.wait()
-    total = time.monotonic() - began
+    total = time.monotonic() - proc.began
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
     if code != 0:
         sys.exit(f"setup_time: error: the main job exited with status {code}:\n" + "\n".join(lines[-20:]))
     with open(metrics) as f:
         record = json.load(f)
-    return {"first_line_seconds": round(first_line, 2), "first_line": lines[0] if lines else "",
+    return {"first_line_seconds": round(first, 2), "first_line": lines[0] if lines else "",
             "seconds_to_first_step": record["seconds_to_first_step"], "total_seconds": round(total, 2),
             "train_seconds": record["train_seconds"], "final_test_accuracy": record["final_test_accuracy"]}
 
 
+def timed_runs(clone: str, env: dict, work: str, repeats: int, terminal: bool = False) -> list:
+    """``repeats`` runs of the main job (:func:`timed_train`), each reported as it ends."""
+    runs = []
+    for k in range(repeats):
+        runs.append(timed_train(clone, env, os.path.join(work, f"metrics{k}-{int(terminal)}.json"), terminal))
+        where = "on a terminal" if terminal else "to a pipe"
+        print(f"[setup_time] run {k + 1} ({where}): first line {runs[-1]['first_line_seconds']} s, first step "
+              f"{runs[-1]['seconds_to_first_step']} s, done at {runs[-1]['total_seconds']} s", flush=True)
+    return runs
+
+
+MEASURES = ("first_line_seconds", "seconds_to_first_step", "total_seconds")
+
+
 def job_only(args) -> int:
-    """The main job alone, ``args.repeats`` times, from this checkout's environment."""
+    """The main job alone, ``args.repeats`` times to a pipe and as many on a terminal, from this
+    checkout's environment."""
     if not os.path.exists(os.path.join(ROOT, ".venv", "bin", "hvd-async")):
         sys.exit(f"setup_time: error: {os.path.join(ROOT, '.venv')} has no hvd-async; run make setup first")
     env = dict(os.environ)
     env.pop("HVD_ASYNC_LAUNCHED_AT", None)
-    runs = []
     with tempfile.TemporaryDirectory(prefix="hvd-start-time-") as work:
-        for k in range(args.repeats):
-            runs.append(timed_train(ROOT, env, os.path.join(work, f"metrics{k}.json")))
-            print(f"[setup_time] run {k + 1}: first line {runs[-1]['first_line_seconds']} s, first step "
-                  f"{runs[-1]['seconds_to_first_step']} s, done at {runs[-1]['total_seconds']} s", flush=True)
+        runs = {"pipe": timed_runs(ROOT, env, work, args.repeats),
+                "terminal": timed_runs(ROOT, env, work, args.repeats, terminal=True)}
     summary = {
         "benchmark": "start_time",
         "what": ("the Makefile's main job (hvd-async train " + " ".join(TRAIN) + ") from a checkout already set "
-                 "up, run after run: seconds to its first line on the screen, to worker 0's first training "
-                 "step (the job's seconds_to_first_step) and to its end"),
+                 "up, run after run, its output to a pipe (a log file) and to a pseudo-terminal (a user's "
+                 "screen): seconds to its first visible line, to worker 0's first training step (the job's "
+                 "seconds_to_first_step) and to its end"),
         "runs": runs,
-        "median": {key: statistics.median(r[key] for r in runs)
-                   for key in ("first_line_seconds", "seconds_to_first_step", "total_seconds")},
-        "spread": {key: spread([r[key] for r in runs])
-                   for key in ("first_line_seconds", "seconds_to_first_step", "total_seconds")},
+        "median": {where: {key: statistics.median(r[key] for r in found) for key in MEASURES}
+                   for where, found in runs.items()},
+        "spread": {where: {key: spread([r[key] for r in found]) for key in MEASURES} for where, found in runs.items()},
     }
     write_record(summary, args.out)
-    print(f"[setup_time] median first line {summary['median']['first_line_seconds']} s, first step "
-          f"{summary['median']['seconds_to_first_step']} s, done at {summary['median']['total_seconds']} s; "
-          f"written {args.out}")
+    for where, median in summary["median"].items():
+        print(f"[setup_time] {where}: median first line {median['first_line_seconds']} s, first step "
+              f"{median['seconds_to_first_step']} s, done at {median['total_seconds']} s")
+    print(f"[setup_time] written {args.out}")
     return 0
 
 
@@ -156,11 +198,7 @@ def main(argv=None) -> int:
         env = clean_env(os.path.join(work, "cache"))
         setup = timed_setup(clone, env, os.path.join(work, "setup.log"))
         print(f"[setup_time] setup took {setup:.0f} s; now the main job, {args.repeats} time(s)", flush=True)
-        runs = []
-        for k in range(args.repeats):
-            runs.append(timed_train(clone, env, os.path.join(work, f"metrics{k}.json")))
-            print(f"[setup_time] run {k + 1}: first line {runs[-1]['first_line_seconds']} s, first step "
-                  f"{runs[-1]['seconds_to_first_step']} s, done at {runs[-1]['total_seconds']} s", flush=True)
+        runs = timed_runs(clone, env, work, args.repeats)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -173,8 +211,7 @@ def main(argv=None) -> int:
         "setup_seconds": round(setup, 1),
         "first_make_train_seconds": round(setup + runs[0]["total_seconds"], 1),
         "runs": runs,
-        "median": {key: statistics.median(r[key] for r in runs)
-                   for key in ("first_line_seconds", "seconds_to_first_step", "total_seconds")},
+        "median": {key: statistics.median(r[key] for r in runs) for key in MEASURES},
     }
     write_record(summary, args.out)
     print(f"[setup_time] make setup {setup:.0f} s; first make train {summary['first_make_train_seconds']:.0f} s; "
