@@ -6,13 +6,18 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional, cast
+from typing import Callable, List, Optional, cast
 
 from .. import registry
-from . import config, launcher
+from . import launcher
+
+# (config imports torch, through the algorithms' options: each command imports it when it starts, after
+# the first line a terminal shows)
 
 
 def _algorithms(argv: List[str]) -> int:
+    from . import config
+
     try:
         config.load_plugins(argv)
     except config.ConfigError as exc:
@@ -26,14 +31,29 @@ def _algorithms(argv: List[str]) -> int:
     return 0
 
 
+def _pending(text: str) -> Callable[[], None]:
+    """On a terminal, ``text`` at once and without its newline, for the seconds before the next line;
+    returns what erases it (elsewhere, in a log, nothing is shown and nothing erased)."""
+    if not sys.stderr.isatty():
+        return lambda: None
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    return lambda: print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+
 def _train(argv: List[str]) -> int:
+    done_checking = _pending("hvd-async train: checking the options (importing torch takes a few seconds) ...")
+    from . import config
+
     try:
         args = config.parse(argv, launcher=True)
         spec = config.validate(args)
         launch = config.launch_options(args, spec)
     except config.ConfigError as exc:
+        done_checking()
         print(f"hvd-async train: error: {exc}", file=sys.stderr)
         return 2
+    done_checking()
     from .. import checkpoint  # (imports torch: not for --help)
 
     job = spec.job
@@ -166,6 +186,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     command = COMMANDS[argv[0]][0]
     if argv[0] in ("train", "simulate", "algorithms") and any(a in ("-h", "--help") for a in argv[1:]):
+        from . import config
+
         try:
             config.load_plugins(argv[1:])  # their algorithms' flags are part of the help
         except config.ConfigError as exc:
