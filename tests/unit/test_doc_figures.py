@@ -99,12 +99,21 @@ def setup_time():
     r = record("setup_time.json")
     prov = r["provenance"]
     present = "already installed" if all(r["debian_packages_present"].values()) else "partly installed"
-    m = r["median"]
     return (f"The first run took {minutes(r['first_make_train_seconds'])} on a fresh clone with an empty cache "
             f"({minutes(r['setup_seconds'])} of setup; Debian's packages {present}; {prov['machine']['cores_usable']} "
             f"cores, {prov['date_utc'][:10]}, `benchmarks/results/setup_time.json`); later runs take seconds. "
-            f"The job's first line comes {m['first_line_seconds']:.1f} s after the command and its first "
-            f"training step {m['seconds_to_first_step']:.1f} s after (medians of {len(r['runs'])} runs)")
+            + start_time())
+
+
+def start_time():
+    """The README's figures of the main job's start, from ``setup_time.py --job-only``'s record."""
+    r = record("start_time.json")
+    terminal, pipe = r["median"]["terminal"], r["median"]["pipe"]
+    return (f"On a terminal the command's first line comes {terminal['first_line_seconds']:.2f} s after it (in a "
+            f"log, {pipe['first_line_seconds']:.1f} s: the line naming the job, once the options are checked), "
+            f"and worker 0's first training step {pipe['seconds_to_first_step']:.1f} s after (medians of "
+            f"{len(r['runs']['pipe'])} runs each way, {r['provenance']['date_utc'][:10]}, "
+            f"`benchmarks/results/start_time.json`)")
 
 
 def guide_setup_time():
