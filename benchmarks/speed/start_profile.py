@@ -66,7 +66,11 @@ def rank_main(out_dir: str, job_argv) -> None:
     profile.disable()
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     for part, (ending, function) in PARTS.items():
-        parts[part] = sum(v[3] for (path, _, name), v in stats.items() if path.endswith(ending) and name == function)
+        found = [v[3] for (path, _, name), v in stats.items() if path.endswith(ending) and name == function]
+        if not found:  # renamed or moved: say so rather than record a part of 0 s
+            sys.exit(f"start_profile: error: no call of {function}() in {ending} in rank {rank}'s profile; "
+                     f"update PARTS in {__file__}")
+        parts[part] = sum(found)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(parts, f)
     exit_process(code)
