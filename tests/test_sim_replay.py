@@ -94,7 +94,11 @@ def test_replay_of_a_dc_asgd_run_with_the_compiled_push(tmp_path, workers, mode)
     # (in the last bits: the same operations in another order)
     _, eager = replay(tmp_path / "eager", real, algo="dc-asgd", workers=workers)
     assert any(not np.array_equal(eager.final(w), real.final(w)) for w in range(workers))
-    np.testing.assert_allclose(eager.final(0), real.final(0), rtol=1e-3, atol=1e-4)
+    # rounding differences grow over two epochs of training (a few weights of thousands move by 1e-4 to
+    # 1e-3 on some orders), so the two end close as whole vectors, not weight by weight
+    for w in range(workers):
+        apart = np.linalg.norm(eager.final(w) - real.final(w)) / np.linalg.norm(real.final(w))
+        assert apart < 1e-3, (w, apart)
 
 
 def _check_dc_asgd_replay(tmp_path, mode, *, workers, compiled=False) -> Trace:
