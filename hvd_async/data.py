@@ -32,13 +32,16 @@ Every failure (unknown name, missing or malformed files, bad sizes) raises
 :class:`DataError` with one line that says what was wrong and what to do.
 """
 import os
+import tempfile
+import zipfile
 from typing import Optional, Sized, Tuple, cast
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from .checks import is_int_at_least
-from .splits import CIFAR10_FOLDER, DataError, DataSplits  # noqa: F401  (this module's names too)
+from .splits import CIFAR10_FOLDER, DataError, DataSplits, cache_dir  # noqa: F401  (this module's names too)
 
 DATASETS = ("digits", "fashion-mnist", "synthetic", "teacher", "mnist", "cifar10", "imagenet")
 EVAL_SPLITS = ("test", "val")  # what a job scores (for_evaluation)
@@ -172,12 +175,7 @@ def load_dataset_on(comm, name: str, data_dir: Optional[str] = None, *, seed: in
 
 
 def _digits() -> DataSplits:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x_train, x_test, y_train, y_test = train_test_split(
-        digits.data / 16.0, digits.target, test_size=0.2, random_state=DIGITS_SPLIT_SEED, stratify=digits.target)
+    x_train, x_test, y_train, y_test = _digits_split()
     mean, std = x_train.mean(), x_train.std()
 
     def tensors(x, y):
@@ -185,6 +183,48 @@ def _digits() -> DataSplits:
         return TensorDataset(images, torch.as_tensor(y, dtype=torch.int64))
 
     return DataSplits(tensors(x_train, y_train), tensors(x_test, y_test), 10, (1, 8, 8))
+
+
+def _digits_split():
+    """``(x_train, x_test, y_train, y_test)``: scikit-learn's digits scaled to [0, 1] and split by
+    ``train_test_split`` (stratified, ``DIGITS_SPLIT_SEED``). The arrays are kept in the cache, named
+    by scikit-learn's version, after the first draw: importing scikit-learn costs each job about a
+    second of its start (on rank 0, the others waiting), reading the file a few milliseconds. A file
+    that cannot be read is drawn again; a cache that cannot be written costs only that second."""
+    from importlib import metadata
+
+    names, path = ("x_train", "x_test", "y_train", "y_test"), None
+    try:
+        path = os.path.join(cache_dir("digits"),
+                            f"split-{DIGITS_SPLIT_SEED}-scikit-learn-{metadata.version('scikit-learn')}.npz")
+        with np.load(path) as saved:
+            return tuple(saved[name] for name in names)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, metadata.PackageNotFoundError):
+        pass  # not drawn yet here, or unreadable
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    arrays = tuple(train_test_split(digits.data / 16.0, digits.target, test_size=0.2,
+                                    random_state=DIGITS_SPLIT_SEED, stratify=digits.target))
+    if path is not None:
+        _save_whole(path, dict(zip(names, arrays)))
+    return arrays
+
+
+def _save_whole(path: str, arrays) -> None:
+    """``arrays`` saved to ``path`` (npz) whole or not at all: written beside it and renamed, so that
+    jobs drawing at once never read half a file; where the folder refuses the write, nothing."""
+    try:
+        handle, scratch = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz")
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, **arrays)
+        os.replace(scratch, path)
+    except OSError:
+        os.unlink(scratch)
 
 
 def _synthetic(seed: int, size: int, samples: int) -> DataSplits:

@@ -20,7 +20,7 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.datasets.utils import extract_archive
 
 from .checks import brief_error
-from .splits import CIFAR10_FOLDER, DataError, DataSplits
+from .splits import CIFAR10_FOLDER, DataError, DataSplits, cache_dir
 
 MNIST_FILES = {
     True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -112,9 +112,7 @@ def _normalized(dataset: MNIST, mean, std) -> TensorDataset:
 def _uncompressed(folder: str, gzipped: List[str]) -> str:
     """A cache folder holding ``folder``'s gzipped files uncompressed (each file written whole and then
     renamed, so that ranks uncompressing at once never read half a file)."""
-    cache = os.path.join(os.environ.get("HVD_ASYNC_CACHE") or os.path.expanduser("~/.cache/hvd_async"),
-                         "fashion-mnist", hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:12])
-    os.makedirs(cache, exist_ok=True)
+    cache = cache_dir("fashion-mnist", hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:12])
     stale = [name for name in gzipped if not os.path.isfile(os.path.join(cache, name[:-3])) or
              os.path.getmtime(os.path.join(cache, name[:-3])) < os.path.getmtime(os.path.join(folder, name))]
     if stale:

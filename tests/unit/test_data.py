@@ -72,6 +72,37 @@ def test_digits_split_is_the_same_for_every_seed():
     assert torch.equal(a.test.tensors[0], c.test.tensors[0])
 
 
+def test_digits_split_read_from_the_cache_is_the_one_scikit_learn_draws(tmp_path, monkeypatch):
+    """The first job draws the split and keeps it; later ones read it without scikit-learn, bit for
+    bit the same; a damaged file is drawn again and replaced."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(digits.data / 16.0, digits.target, test_size=0.2,
+                                                        random_state=0, stratify=digits.target)
+    mean, std = x_train.mean(), x_train.std()
+    drawn = torch.as_tensor((x_test - mean) / std, dtype=torch.float32).reshape(-1, 1, 8, 8)
+    monkeypatch.setenv("HVD_ASYNC_CACHE", str(tmp_path))
+
+    first = load_dataset("digits")
+    (kept,) = (tmp_path / "digits").glob("split-0-scikit-learn-*.npz")
+    with monkeypatch.context() as blocked:  # a job that reads the file imports no scikit-learn
+        for name in ("sklearn", "sklearn.datasets", "sklearn.model_selection"):
+            blocked.setitem(sys.modules, name, None)
+        cached = load_dataset("digits")
+    for splits in (first, cached):
+        assert torch.equal(splits.test.tensors[0], drawn)
+        assert torch.equal(splits.test.tensors[1], torch.as_tensor(y_test))
+        assert torch.equal(splits.train.tensors[1], torch.as_tensor(y_train))
+    assert torch.equal(first.train.tensors[0], cached.train.tensors[0])
+
+    kept.write_bytes(b"not an npz file")
+    assert torch.equal(load_dataset("digits").test.tensors[0], drawn)
+    assert np.load(kept)["x_test"].shape == (360, 64)  # replaced whole
+    assert [p.name for p in (tmp_path / "digits").iterdir()] == [kept.name]  # no scratch left
+
+
 def test_digits_standardised_with_train_statistics():
     splits = load_dataset("digits", data_dir="/ignored/for/digits")
     train = splits.train.tensors[0]
