@@ -196,7 +196,7 @@ OD_ALGOS = {"ssgd": ("ssgd", {}), "od-sgd": ("od-sgd", {"od_exchange": "allreduc
 def odsgd(args) -> dict:
     workers = [4] if args.quick else [4, 16]
     latencies = [10.0] if args.quick else [0.0, 10.0]
-    epochs = 6 if args.quick else 20
+    epochs = 3 if args.quick else 20
     specs = [({"algo": v, "workers": n, "latency_ms": lat, "seed": s},
               sim_argv(OD_ALGOS[v][0], workers=n, epochs=epochs, seed=s, latency_ms=lat, delay_dist="uniform",
                        **OD_ALGOS[v][1]))
@@ -301,7 +301,7 @@ def compensation(args, dataset="digits") -> dict:
     else:
         workers = [4, 16] if args.quick else [4, 8, 16, 32, 64]
         delays = ["variable, lr 0.1"] if args.quick else list(DELAYS)
-        epochs = 6 if args.quick else 20
+        epochs = 3 if args.quick else 20
     specs = [({"algo": a, "workers": n, "delays": d, "seed": s},
               sim_argv(a, workers=n, epochs=epochs, seed=s, momentum=0.0, push_rate="full", dataset=dataset,
                        **DELAYS[d], **COMP_ALGOS[a]))
@@ -590,7 +590,7 @@ HETERO_ALGOS = ("asgd", "softsync", "dbs-asgd")
 
 def hetero(args) -> dict:
     workers = [8] if args.quick else [8, 16]
-    epochs = 6 if args.quick else 20
+    epochs = 3 if args.quick else 20
     specs = []
     for n in workers:
         common = {"delay_dist": "uniform", "slow_workers": n // 4, "slow_factor": 4.0}
@@ -673,7 +673,7 @@ HP_ALGOS = {"ssgd": {}, "hpsgd": {"window": 4}}
 def hpsgd(args) -> dict:
     workers = [4] if args.quick else [4, 16]
     latencies = [10.0] if args.quick else [2.0, 10.0]
-    epochs = 6 if args.quick else 20
+    epochs = 3 if args.quick else 20
     specs = [({"algo": a, "workers": n, "latency_ms": lat, "seed": s},
               sim_argv(a, workers=n, epochs=epochs, seed=s, latency_ms=lat, delay_dist="lognormal", delay_shape=0.5,
                        straggler="1=2", **HP_ALGOS[a]))
