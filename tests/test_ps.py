@@ -12,9 +12,8 @@ CLI = python("-m", "hvd_async.job.cli")
 MODES = {"shm": False, "no-shm": True}
 
 
-@pytest.mark.parametrize("np,servers,mode", [
-    (2, 1, "shm"), (3, 1, "no-shm"), (3, 1, "shm"), (3, 2, "shm"), (4, 1, "shm"), (4, 1, "no-shm"), (4, 2, "no-shm"),
-    (5, 1, "no-shm"), (5, 2, "shm"),
+@pytest.mark.parametrize("np,servers,mode", [  # world sizes 2 to 5, one and two servers, each transport
+    (2, 1, "shm"), (3, 1, "no-shm"), (3, 2, "shm"), (4, 1, "shm"), (4, 2, "no-shm"), (5, 2, "shm"),
 ])
 def test_parameter_server_checks(np, servers, mode):
     """The servers' fused rules against float64 replays (dc_formula, lc_formula, equivalences) at 2 and 3
