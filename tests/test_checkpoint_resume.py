@@ -237,10 +237,10 @@ def test_every_algorithm_resumes_in_the_job(tmp_path, algo):
     is the first run's own record (a fresh start would retrain and remeasure it), and its count of
     updates goes on from there."""
     ck, metrics, first_metrics = tmp_path / "ck", tmp_path / "m.json", tmp_path / "m1.json"
-    first = train("--algo", algo, "--np", "4", "--epochs", "1", "--checkpoint-dir", str(ck),
+    first = train("--algo", algo, "--np", "3", "--epochs", "1", "--checkpoint-dir", str(ck),
                   "--metrics-out", str(first_metrics))
     assert first.returncode == 0, first.out[-3000:]
-    result = train("--algo", algo, "--np", "4", "--epochs", "2", "--checkpoint-dir", str(ck), "--resume",
+    result = train("--algo", algo, "--np", "3", "--epochs", "2", "--checkpoint-dir", str(ck), "--resume",
                    "--metrics-out", str(metrics))
     assert result.returncode == 0, result.out[-3000:]
     record, before = json.loads(metrics.read_text()), json.loads(first_metrics.read_text())
