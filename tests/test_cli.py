@@ -8,6 +8,7 @@ import pytest
 from procs import mpirun, python, run
 
 from hvd_async import registry
+from hvd_async.job import cli
 
 CLI = python("-m", "hvd_async.job.cli")
 
@@ -23,12 +24,22 @@ CLI = python("-m", "hvd_async.job.cli")
     (["--np", "3", "--compute-ms", "5", "--straggler", "3=2"], "there is no worker 3"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "--data-dir /nonexistent/mnist does not exist"),
 ])
-def test_bad_input_one_line_exit_2(argv, match):
-    result = run(CLI + ["train", *argv], timeout=60)
+def test_bad_input_one_line_exit_2(argv, match, capsys):
+    """The command's checks, in this process (each case as its own process would pay torch's import;
+    the next test runs the command as a shell does)."""
+    code = cli.main(["train", *argv])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 2, out
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("hvd-async train: error:"), out
+    assert "Traceback" not in out
+
+
+def test_bad_input_ends_the_command_with_status_2_and_one_line():
+    result = run(CLI + ["train", "--lr", "-1"], timeout=60)
     assert result.returncode == 2, result.out
-    lines = result.out.strip().splitlines()
-    assert len(lines) == 1 and match in lines[0] and lines[0].startswith("hvd-async train: error:"), result.out
-    assert "Traceback" not in result.out
+    assert result.out.strip() == "hvd-async train: error: --lr must be > 0, got -1.0", result.out
 
 
 def test_help_texts():
