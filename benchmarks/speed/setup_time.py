@@ -146,6 +146,8 @@ def job_only(args) -> int:
         sys.exit(f"setup_time: error: {os.path.join(ROOT, '.venv')} has no hvd-async; run make setup first")
     env = dict(os.environ)
     env.pop("HVD_ASYNC_LAUNCHED_AT", None)
+    if args.no_data_cache:  # a cache under a file cannot be made: each run draws digits as a first job does
+        env["HVD_ASYNC_CACHE"] = os.path.join(os.devnull, "cache")
     with tempfile.TemporaryDirectory(prefix="hvd-start-time-") as work:
         runs = {"pipe": timed_runs(ROOT, env, work, args.repeats),
                 "terminal": timed_runs(ROOT, env, work, args.repeats, terminal=True)}
@@ -154,7 +156,10 @@ def job_only(args) -> int:
         "what": ("the Makefile's main job (hvd-async train " + " ".join(TRAIN) + ") from a checkout already set "
                  "up, run after run, its output to a pipe (a log file) and to a pseudo-terminal (a user's "
                  "screen): seconds to its first visible line, to worker 0's first training step (the job's "
-                 "seconds_to_first_step) and to its end"),
+                 "seconds_to_first_step) and to its end"
+                 + ("; every run without the data cache (digits drawn with scikit-learn each time, as on a "
+                    "machine's first job)" if args.no_data_cache else "")),
+        "data_cache": not args.no_data_cache,
         "runs": runs,
         "median": {where: {key: statistics.median(r[key] for r in found) for key in MEASURES}
                    for where, found in runs.items()},
@@ -176,9 +181,14 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the clone and its environment")
     parser.add_argument("--job-only", action="store_true",
                         help="no setup: time the main job from this checkout's environment (.venv)")
+    parser.add_argument("--no-data-cache", action="store_true",
+                        help="with --job-only: no data cache for the job (it draws the digits split each run, "
+                             "as a machine's first job does)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be 1 or more, got {args.repeats}")
+    if args.no_data_cache and not args.job_only:
+        parser.error("--no-data-cache times the job alone: add --job-only")
     with open(os.path.join(ROOT, "Makefile")) as f:
         if "hvd-async train " + " ".join(TRAIN) + " --metrics-out runs/metrics.json --logdir runs/tb" not in f.read():
             sys.exit("setup_time: error: the Makefile's train target no longer runs `hvd-async train "
