@@ -1,5 +1,6 @@
-"""What every dataset loader returns and raises (:mod:`hvd_async.data` and the image-file readers of
-:mod:`hvd_async.image_files`, which both import it: neither imports the other's names)."""
+"""What every dataset loader returns and raises, and the cache folder where the loaders keep what they
+derive once (:mod:`hvd_async.data` and the image-file readers of :mod:`hvd_async.image_files`, which
+both import it: neither imports the other's names)."""
 import os
 from typing import NamedTuple, Tuple
 

@@ -31,3 +31,17 @@ def registry_as_it_was():
     for name in set(sys.modules) - modules:
         if name.startswith("hvd_async_plugin_"):
             del sys.modules[name]
+
+
+@pytest.fixture
+def train_in_process(capsys):
+    """``hvd-async train ARGV`` through the command's ``main()`` in this process (a process per case
+    would pay torch's import each time): ``(status, stdout and stderr together)``."""
+    from hvd_async.job import cli
+
+    def train(argv):
+        code = cli.main(["train", *argv])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    return train

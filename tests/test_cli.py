@@ -8,7 +8,6 @@ import pytest
 from procs import mpirun, python, run
 
 from hvd_async import registry
-from hvd_async.job import cli
 
 CLI = python("-m", "hvd_async.job.cli")
 
@@ -24,12 +23,9 @@ CLI = python("-m", "hvd_async.job.cli")
     (["--np", "3", "--compute-ms", "5", "--straggler", "3=2"], "there is no worker 3"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "--data-dir /nonexistent/mnist does not exist"),
 ])
-def test_bad_input_one_line_exit_2(argv, match, capsys):
-    """The command's checks, in this process (each case as its own process would pay torch's import;
-    the next test runs the command as a shell does)."""
-    code = cli.main(["train", *argv])
-    captured = capsys.readouterr()
-    out = captured.out + captured.err
+def test_bad_input_one_line_exit_2(argv, match, train_in_process):
+    """The command's checks, in this process (the next test runs the command as a shell does)."""
+    code, out = train_in_process(argv)
     assert code == 2, out
     lines = out.strip().splitlines()
     assert len(lines) == 1 and match in lines[0] and lines[0].startswith("hvd-async train: error:"), out

@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from hvd_async.job import cli
 from procs import mpirun, python, run
 
 CLI = python("-m", "hvd_async.job.cli")
@@ -113,11 +112,9 @@ def test_dbs_batch_sizes_follow_inverse_speed(tmp_path):
     (["--algo", "asgd", "--servers", "0"], "--servers 0: algorithm 'asgd' needs at least one server"),
     (["--algo", "asgd", "--pull-every", "0"], "--pull-every must be an integer >= 1 (pull the global weights every k steps), got 0"),
 ])
-def test_bad_parameter_server_options_exit_2(argv, match, capsys):
+def test_bad_parameter_server_options_exit_2(argv, match, train_in_process):
     """The command's checks in this process (tests/test_cli.py runs one as its own process)."""
-    code = cli.main(["train", *argv])
-    captured = capsys.readouterr()
-    out = captured.out + captured.err
+    code, out = train_in_process(argv)
     assert code == 2, out
     lines = out.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], out
