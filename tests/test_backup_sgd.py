@@ -20,6 +20,19 @@ def test_backup_sgd_values(np, no_shm):
     assert re.search(r"SERVER 0 DONE order=\[", result.out), result.out[-3000:]
 
 
+@pytest.mark.parametrize("np,no_shm", [(3, False), (4, True)], ids=["2-workers-shm", "3-workers-no-shm"])
+def test_backup_sgd_values_with_the_compiled_update(np, no_shm):
+    """The same values where the servers' compiled loop applies every update, reading the accepted
+    gradients from the inbox slots they wait in until the round's last one lands (a worker pushes
+    again only after its answer): at backups 0, 1 (and 2 at 3 workers), every round's update compiled."""
+    result = mpirun(np, python("tests/mpi/backup_checks.py", "first_n_minus_b"), no_shm=no_shm,
+                    env={"SERVERS": "1", "SERVER_KERNEL": "compiled"}, timeout=240)
+    assert result.returncode == 0, result.out[-6000:]
+    assert "BACKUP CHECKS OK first_n_minus_b" in result.out, result.out[-3000:]
+    shards = re.findall(r"SHARD 0 backup-sgd numel=\d+ updates=(\d+) .* compiled=(\d+)", result.out)
+    assert len(shards) == len({0, 1, np - 2}) and all(u == c == "5" for u, c in shards), result.out[-3000:]
+
+
 @pytest.mark.parametrize("slots", [1, 2])
 def test_backup_sgd_values_with_a_pool_of_inbox_slots(slots):
     """The same values with fewer inbox slots than workers: the accepted gradients are summed as they

@@ -75,7 +75,8 @@ def _bytes(tensors) -> int:
 class Traffic(TorchDispatchMode):
     """Bytes read and written by the tensor operations run under it. A compiled push (``program.fused``,
     which cannot run under a dispatch mode) is run outside it and counted by what it declares it moves
-    (:meth:`hvd_async.rules.fused.FusedPush.traffic`: each array it touches once)."""
+    (:meth:`hvd_async.rules.fused.FusedPush.traffic`, and ``round_traffic`` for backup-sgd's round: each
+    array it touches once)."""
 
     def __init__(self, program=None):
         super().__init__()
@@ -93,11 +94,19 @@ class Traffic(TorchDispatchMode):
                 self.read, self.written = self.read + read, self.written + written
                 return found
             self.fused._call = counted  # (this instance's, until __exit__)
+            call_round = type(self.fused)._call_round
+
+            def counted_round(weights, buf, grads, slots, numbers, momentum):
+                with _disable_current_modes():
+                    call_round(weights, buf, grads, slots, numbers, momentum)
+                read, written = self.fused.round_traffic(len(grads), len(slots), momentum, weights.numel())
+                self.read, self.written = self.read + read, self.written + written
+            self.fused._call_round = counted_round
         return super().__enter__()
 
     def __exit__(self, *exc):
         if self.fused is not None:
-            del self.fused._call
+            del self.fused._call, self.fused._call_round
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

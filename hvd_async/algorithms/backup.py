@@ -165,10 +165,20 @@ class BackupProgram(MailboxProgram):
         self.accepted: List = []  # (worker, payload) of the gradients for the current version, as they came
         self.dropped = [0] * host.spec.workers
         self.mean = RunningMean(host.weights, scale=False)  # their sum, folded in as they land
+        # the accepted gradients not folded into the sum yet: with the compiled update, each stays in its
+        # worker's own inbox slot (which nothing writes before the worker's answer) until the round's
+        # update reads them all in its one loop
+        self.waiting: List[torch.Tensor] = []
+        self.can_wait = False
         # an update is dc-asgd's push without the term, on the sum: the compiled loop applies it, where chosen
         if FusedPush.wanted(options.server_kernel, host.weights.numel()):
+            # each worker's own fp32 inbox slot (no pool, no widening): the gradients may wait where they landed
+            self.can_wait = not host.spec.pooled and host.inbox is host.inbox_raw
             self.fused = FusedPush(f"server {host.shard}")
             self.warm_up(self.variant(0.9))
+            if self.fused is not None and self.can_wait and not self.fused.ready_round(
+                    self.need, self.need if host.outbox is not None else 0, True):
+                self.fused = None
 
     def variant(self, momentum: float) -> Variant:
         """The fused loop's variant for an update with this momentum (the answer: the first accepted
@@ -180,9 +190,18 @@ class BackupProgram(MailboxProgram):
         if self.held[worker] != self.host.version:  # computed on weights this shard has moved past
             self.drop(worker)
             return
-        self.mean.add(grad)
+        if self.fused is not None and self.can_wait:
+            self.waiting.append(grad)
+        else:
+            self.mean.add(grad)
         self.accepted.append((worker, payload))
         self.maybe_apply()
+
+    def fold_waiting(self) -> None:
+        """Fold the gradients still waiting in their inbox slots into the running sum, in arrival order."""
+        for grad in self.waiting:
+            self.mean.add(grad)
+        self.waiting = []
 
     def drop(self, worker: int) -> None:
         """Count the late push and answer with the current weights at once."""
@@ -224,23 +243,42 @@ class BackupProgram(MailboxProgram):
                    (0.0, 0.0, 1.0, inverse, kwargs["momentum"], kwargs["weight_decay"], kwargs["lr"], 0.0, 1.0))
         return True
 
+    def round_apply(self, kwargs, workers: List[int]) -> bool:
+        """The update as the compiled round: the gradients read from the inbox slots they wait in, the
+        step through the momentum buffer, every accepted worker's answer, in one loop. False, and
+        nothing done, unless every accepted gradient waits and they are the ``workers - backups`` the
+        round was compiled for (fewer where workers went idle), with momentum and no Nesterov."""
+        outbox = self.host.outbox
+        if (self.fused is None or len(self.waiting) != len(workers) or len(workers) != self.need
+                or not kwargs["momentum"] or kwargs["nesterov"] or (outbox is not None and outbox[0].dtype != torch.float32)):
+            return False
+        self.sgd.ready_buffer_(self.sgd_state, self.host.weights, kwargs["momentum"])
+        self.fused.round_(self.host.weights, self.sgd_state["momentum_buffer"], self.waiting,
+                          [] if outbox is None else [outbox[m] for m in workers], 1.0 / len(workers),
+                          kwargs["momentum"], kwargs["weight_decay"], kwargs["lr"])
+        self.waiting = []
+        return True
+
     def maybe_apply(self) -> None:
-        """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing); the
+        """Apply once ``workers - backups`` gradients are in (fewer when fewer workers are pushing): as the
+        compiled round (:meth:`round_apply`) where it covers the update; else from the running sum, the
         accepted workers' answers then in one sweep (each slice of the weights read once for all; the
-        compiled update writes the first one itself)."""
+        compiled update from the sum writes the first one itself)."""
         if not self.accepted or len(self.accepted) < min(self.need, max(1, len(self.active))):
             return
         workers = [m for m, _ in self.accepted]
         kwargs = self.accepted[-1][1].sgd_kwargs()
-        fused = self.fused_apply(kwargs, workers[0])  # (the first answer written with the step)
-        if not fused:
-            self.apply_mean(kwargs)
+        if not self.round_apply(kwargs, workers):
+            self.fold_waiting()
+            fused = self.fused_apply(kwargs, workers[0])  # (the first answer written with the step)
+            if not fused:
+                self.apply_mean(kwargs)
 
-        def answers(sl, scratch) -> None:
-            for m in workers[1:] if fused else workers:
-                self.answer_slice(m, sl, scratch)
+            def answers(sl, scratch) -> None:
+                for m in workers[1:] if fused else workers:
+                    self.answer_slice(m, sl, scratch)
 
-        self.blocks.run(answers)
+            self.blocks.run(answers)
         self.host.bump([0] * len(workers), pushes=len(workers))
         self.accepted = []
         for m in workers:

@@ -309,6 +309,10 @@ class MailboxProgram(window.ServerProgram):
     def compile_seconds(self) -> float:
         return 0.0 if self.fused is None else self.fused.compile_seconds
 
+    @property
+    def compiled_updates(self) -> int:
+        return 0 if self.fused is None else self.fused.calls + self.fused.rounds
+
     def warm_up(self, variant: Variant) -> None:
         """Compile the fused push's ``variant`` now (:meth:`FusedPush.ready`); the eager push where it cannot."""
         if self.fused is not None and not self.fused.ready(variant):

@@ -15,10 +15,15 @@ a compensation term or not, momentum, a look-ahead sum, the answer's form); :met
 compiles the variant a program expects before its first push, on small tensors (shapes are left
 dynamic, so the shard's size compiles nothing more). Pushes the kernel does not cover (Nesterov
 momentum, fp16 outbox slots) take the eager chain.
+
+backup-sgd's round (:meth:`FusedPush.round_`) is the same step on the sum of the round's gradients,
+read where they landed (their inbox slots) rather than folded into a running sum as each comes: one
+loop reads the gradients, the weights and the momentum buffer, and writes the weights, the buffer and
+every accepted worker's answer.
 """
 import logging
 import time
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,6 +37,7 @@ ANSWERS = ("none", "weights", "ahead", "ahead_buffer")
 # compiled variants a process may keep (torch's own limit per function is 8, fewer than the variants)
 RECOMPILE_LIMIT = 64
 _COMPILED: Optional[Callable] = None  # _push compiled, one per process: its variants and shapes share a cache
+_COMPILED_ROUND: Optional[Callable] = None  # _round compiled, likewise
 
 
 class Variant(NamedTuple):
@@ -94,6 +100,26 @@ def _push(weights, grad, slot, mean_square, buf, total, s, adaptive: bool, compe
     return torch.zeros(()) if term is None else (term * term).sum()
 
 
+def _round(weights, buf, grads: List[torch.Tensor], slots: List[torch.Tensor], s, momentum: bool):
+    """backup-sgd's update, elementwise (compiled per number of gradients and answers): the step with
+    ``c * sum(grads)`` (summed in the given order, as a running sum folds them) through the momentum
+    buffer, then the new weights into each slot. ``s`` holds the factor ``c`` (the mean's ``1/k``),
+    momentum, weight decay and lr."""
+    c, mom, wd, lr = s[0], s[1], s[2], s[3]
+    total = grads[0]
+    for grad in grads[1:]:
+        total = total + grad
+    direction = total * c + weights * wd
+    if momentum:
+        buf_new = buf * mom + direction
+        buf.copy_(buf_new)
+        direction = buf_new
+    weights_new = weights - lr * direction
+    weights.copy_(weights_new)
+    for slot in slots:
+        slot.copy_(weights_new)
+
+
 class FusedPush:
     """The compiled push for one server program; callable as the eager chain's replacement.
 
@@ -104,9 +130,11 @@ class FusedPush:
     def __init__(self, label: str):
         self.label = label
         self.compile_seconds = 0.0  # the compiles this process made for it, all variants
-        self.calls = 0  # pushes applied
-        self._seen: Dict[Variant, bool] = {}
+        self.calls = 0  # pushes applied (__call__)
+        self.rounds = 0  # backup-sgd's updates from the gradients where they landed (round_)
+        self._seen: Dict[object, bool] = {}  # the variants (and rounds) compiled
         self.numbers = torch.zeros(9)
+        self.round_numbers = torch.zeros(4)
 
     @staticmethod
     def wanted(kernel: str, numel: int) -> bool:
@@ -131,11 +159,36 @@ class FusedPush:
         logger.info("%s: compiled the server's push %s in %.1f s", self.label, _describe(variant), seconds)
         return seconds
 
+    def warm_up_round(self, grads: int, answers: int, momentum: bool) -> float:
+        """:meth:`warm_up` for :meth:`round_` with ``grads`` gradients and ``answers`` answer slots."""
+        key = ("round", grads, answers, momentum)
+        if key in self._seen:
+            return 0.0
+        start = time.perf_counter()
+        for n in (8192, 12288):
+            weights = torch.zeros(n)
+            self._call_round(weights, torch.zeros(n) if momentum else weights[:0],
+                             [torch.zeros(n) for _ in range(grads)], [torch.zeros(n) for _ in range(answers)],
+                             torch.zeros(4), momentum)
+        seconds = time.perf_counter() - start
+        self._seen[key] = True
+        self.compile_seconds += seconds
+        logger.info("%s: compiled the server's update of %d gradients (%d answers%s) in %.1f s", self.label, grads,
+                    answers, ", momentum" if momentum else "", seconds)
+        return seconds
+
+    def ready_round(self, grads: int, answers: int, momentum: bool) -> bool:
+        """:meth:`ready` for :meth:`round_`."""
+        return self._ready(lambda: self.warm_up_round(grads, answers, momentum))
+
     def ready(self, variant: Variant) -> bool:
         """:meth:`warm_up`, and False where torch cannot compile here (no C++ compiler, an unsupported
         platform): said once in a warning, and the program keeps its eager push."""
+        return self._ready(lambda: self.warm_up(variant))
+
+    def _ready(self, warm_up: Callable[[], float]) -> bool:
         try:
-            self.warm_up(variant)
+            warm_up()
             return True
         except Exception as exc:  # (inductor's errors have no common base class)
             logger.warning("%s: the compiled push is unavailable here (%s: %s); pushes take the eager chain "
@@ -151,6 +204,33 @@ class FusedPush:
         read = 2 + variant.compensated + mean_square + buf + total
         written = 1 + (variant.answer != "none") + mean_square + buf + total
         return 4 * numel * read, 4 * numel * written
+
+    @staticmethod
+    def round_traffic(grads: int, answers: int, momentum: bool, numel: int) -> Tuple[int, int]:
+        """The bytes :meth:`round_` reads and writes over a shard of ``numel`` fp32 elements."""
+        return 4 * numel * (grads + 1 + momentum), 4 * numel * (1 + momentum + answers)
+
+    @staticmethod
+    def _call_round(weights, buf, grads, slots, numbers, momentum: bool):
+        global _COMPILED_ROUND
+        if _COMPILED_ROUND is None:
+            _COMPILED_ROUND = torch.compile(_round, dynamic=True, fullgraph=True)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            _COMPILED_ROUND(weights, buf, list(grads), list(slots), numbers, momentum)
+
+    def round_(self, weights: torch.Tensor, buf: Optional[torch.Tensor], grads: Sequence[torch.Tensor],
+               slots: Sequence[torch.Tensor], factor: float, momentum: float, weight_decay: float, lr: float) -> None:
+        """backup-sgd's update in place: ``w <- w - lr * d`` with ``d`` the momentum buffer's step on
+        ``factor * sum(grads) + weight_decay * w`` (``buf``: None without momentum), and the new
+        weights written into each of ``slots`` (the accepted workers' answers)."""
+        self.warm_up_round(len(grads), len(slots), bool(momentum))
+        for tensor in list(grads) + list(slots) + ([buf] if momentum else []):
+            if tensor is None or tensor.shape != weights.shape or tensor.dtype != weights.dtype:
+                raise ValueError("backup-sgd's compiled update needs fp32 gradients, answers and buffer shaped as "
+                                 "the weights")
+        self.round_numbers.copy_(torch.tensor((factor, momentum, weight_decay, lr), dtype=torch.float32))
+        self._call_round(weights, buf if momentum else weights[:0], grads, slots, self.round_numbers, bool(momentum))
+        self.rounds += 1
 
     @staticmethod
     def _call(variant: Variant, weights, grad, slot, mean_square, buf, total, numbers):

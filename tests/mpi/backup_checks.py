@@ -4,7 +4,9 @@ Each round b workers are made late on purpose: they push only after the others' 
 applied (a token from a worker whose step returned), so the first ``workers - b`` pushes are known.
 The checks compare every worker's weights with torch's SGD on the mean of those pushes, and the
 drop counts with the schedule; worker 0 prints ``BACKUP CHECKS OK`` at the end. ``INBOX_SLOTS``:
-the servers' inbox slots (fewer than the workers: a pool the pushes claim).
+the servers' inbox slots (fewer than the workers: a pool the pushes claim). ``SERVER_KERNEL``: how the
+servers apply an update (``compiled``: the one loop that reads the round's gradients from the inbox
+slots they wait in; the default, ``auto``, is the eager chain on this small shard).
 """
 import os
 import sys
@@ -38,7 +40,8 @@ def _run(backups):
     param = torch.nn.Parameter(init.clone())
     opt = ha.DistributedOptimizer(torch.optim.SGD([param], lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
                                   named_parameters=[("w", param)], algorithm="backup-sgd", backups=backups,
-                                  inbox_slots=int(os.environ.get("INBOX_SLOTS", "8")))
+                                  inbox_slots=int(os.environ.get("INBOX_SLOTS", "8")),
+                                  server_kernel=os.environ.get("SERVER_KERNEL", "auto"))
     slots = opt.strategy.transport.spec
     check(slots.pooled == (int(os.environ.get("INBOX_SLOTS", "8")) < workers), f"the pool is as asked: {slots}")
     opt.begin()  # collective: before a late worker waits for its token

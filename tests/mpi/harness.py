@@ -45,7 +45,7 @@ def main(checks, names, banner: str) -> None:
         report = ha.serve()
         for s in report.shards:
             say(f"SHARD {s.shard} {s.algorithm} numel={s.numel} updates={s.updates} pushes={s.pushes} "
-                f"skipped={s.skipped_nonfinite}")
+                f"skipped={s.skipped_nonfinite} compiled={s.compiled_updates}")
         say(f"SERVER {ha.world_rank()} DONE order={report.workers_done}")
         exit_process(0)
     try:

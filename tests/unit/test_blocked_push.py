@@ -55,10 +55,33 @@ def _pushes(algo, given, sgd, payload_cls):
     gen = torch.Generator().manual_seed(11)
     synchronous = algo == "softsync" and given.get("n") == 1
     names = {f.name for f in dataclasses.fields(payload_cls)}
-    for turn, worker in enumerate([t % WORKERS for t in range(len(ORDER))] if synchronous else ORDER):
+    order = [t % WORKERS for t in range(len(ORDER))] if synchronous else ORDER
+    for turn, worker in enumerate(backup_order(order) if algo == "backup-sgd" else order):
         extra = {k: v for k, v in (("loss", 3.0 * 0.9 ** turn), ("grad_norm", 0.0)) if k in names}
         yield worker, torch.randn(NUMEL, generator=gen) * (4.0 if turn == 9 else 1.0), \
             payload_cls(lr=0.05, **SGD[sgd], **extra)
+
+
+def backup_order(order, need=WORKERS - 1):
+    """``order`` as backup-sgd's workers can push: a worker whose gradient the open round accepted waits
+    for the round's update before it pushes again (its gradient may wait in its inbox slot until then),
+    so its pushes in between are left out; a push computed on an older version is dropped and answered
+    at once. ``need``: the gradients a round takes (the default one backup)."""
+    version, held, accepted, kept = 0, [0] * WORKERS, [], []
+    for worker in order:
+        if worker in accepted:
+            continue
+        kept.append(worker)
+        if held[worker] != version:
+            held[worker] = version
+            continue
+        accepted.append(worker)
+        if len(accepted) == need:
+            version += 1
+            for m in accepted:
+                held[m] = version
+            accepted = []
+    return kept
 
 
 def _check(algo, given, sgd, threads):

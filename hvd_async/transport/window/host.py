@@ -60,6 +60,11 @@ class ServerProgram:
         """Seconds spent compiling the program's push (dc-asgd's and lc-asgd's compiled loop; 0: none)."""
         return 0.0
 
+    @property
+    def compiled_updates(self) -> int:
+        """Updates the program's compiled loop applied (0: none)."""
+        return 0
+
     def on_request(self, worker: int, request: Request) -> None:
         """One request (its ``kind``, the ``payload`` the strategy wrote, a push's inbox ``slot``); the
         program answers with ``host.answer`` where the kind is answered. A push's inbox slot is free for
@@ -339,7 +344,7 @@ class ShardHost:
         stats = ShardStats(self.spec.algorithm, self.shard, self.numel, int(self.meta[META_VERSION]),
                            pushes_in(self.meta, self.spec.mode), self.skipped_nonfinite,
                            self.meta[META_HIST:META_SUMS].tolist(), int(self.meta[META_BUSY_US]) / 1e6,
-                           self.program.compile_seconds)
+                           self.program.compile_seconds, self.program.compiled_updates)
         while stats.staleness_hist and stats.staleness_hist[-1] == 0:
             stats.staleness_hist.pop()
         if not self.dropped:

@@ -255,6 +255,7 @@ class ShardStats:
     staleness_hist: List[int]  # count of pushes by staleness 0, 1, ... (last bin: that or more)
     busy_seconds: float = 0.0  # time the server program spent on requests (mailbox mode)
     compile_seconds: float = 0.0  # time it spent compiling its push (before the first push, mostly)
+    compiled_updates: int = 0  # pushes or rounds its compiled loop applied
 
     @property
     def staleness_mean(self) -> float:
