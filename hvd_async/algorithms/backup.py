@@ -83,7 +83,8 @@ class BackupSGD(MailboxStrategy):
             thumb: about the number of workers that are slow at any time (a few percent of them).
         compression: as dc-asgd's (fp16 on the wire, fp32 on the servers).
         server_kernel: as dc-asgd's: 'auto' (the default) applies an update as one compiled loop over a
-            large shard (the step and the first answer in one pass), 'eager' as torch operations.
+            large shard (the round's gradients read from the inbox slots they wait in, the step and every
+            answer in one pass), 'eager' as torch operations.
 
     Example::
 
