@@ -57,7 +57,6 @@ def test_replay_of_a_real_asgd_run_gives_the_same_final_weights(tmp_path, mode):
     for worker in range(3):
         assert [p["digest"] for p in sim.pulls(worker)] == [p["digest"] for p in real.pulls(worker)]
         np.testing.assert_array_equal(sim.final(worker), real.final(worker))
-    return real
     assert record["updates"] >= EPOCHS * 45
 
 
@@ -84,15 +83,17 @@ def test_replay_of_a_free_running_dc_asgd_run_gives_the_same_final_weights(tmp_p
     _check_dc_asgd_replay(tmp_path, mode, workers=3)
 
 
-@pytest.mark.parametrize("workers,mode", [(3, "shm"), (2, "no-shm")])
-def test_replay_of_a_dc_asgd_run_with_the_compiled_push(tmp_path, workers, mode):
+@pytest.mark.parametrize("algo,workers,mode", [("dc-asgd", 3, "shm"), ("dc-asgd", 2, "no-shm"),
+                                               ("lc-asgd", 2, "no-shm")])
+def test_replay_of_a_run_with_the_compiled_push(tmp_path, algo, workers, mode):
     """The servers' compiled push (``server_kernel='compiled'``, hvd_async/rules/fused.py) in a real run
     under mpirun, replayed by the simulator with the same kernel: the same bits, every answer included
-    (tests/unit/test_compiled_push.py compares the kernel with the eager push, to rounding)."""
-    real = _check_dc_asgd_replay(tmp_path, mode, workers=workers, compiled=True)
+    (tests/unit/test_compiled_push.py compares the kernel with the eager push, to rounding); lc-asgd's
+    push is the same loop with its ratio r scaling the step."""
+    real = _check_dc_asgd_replay(tmp_path, mode, workers=workers, compiled=True, algo=algo)
     # and the real servers did run the compiled loop: the eager push, on the same order, ends elsewhere
     # (in the last bits: the same operations in another order)
-    _, eager = replay(tmp_path / "eager", real, algo="dc-asgd", workers=workers)
+    _, eager = replay(tmp_path / "eager", real, algo=algo, workers=workers)
     assert any(not np.array_equal(eager.final(w), real.final(w)) for w in range(workers))
     # rounding differences grow over two epochs of training (a few weights of thousands move by 1e-4 to
     # 1e-3 on some orders), so the two end close as whole vectors, not weight by weight
@@ -101,10 +102,10 @@ def test_replay_of_a_dc_asgd_run_with_the_compiled_push(tmp_path, workers, mode)
         assert apart < 1e-3, (w, apart)
 
 
-def _check_dc_asgd_replay(tmp_path, mode, *, workers, compiled=False) -> Trace:
-    real = real_run(tmp_path, serial=False, no_shm=mode == "no-shm", algo="dc-asgd", workers=workers,
+def _check_dc_asgd_replay(tmp_path, mode, *, workers, compiled=False, algo="dc-asgd") -> Trace:
+    real = real_run(tmp_path, serial=False, no_shm=mode == "no-shm", algo=algo, workers=workers,
                     flags=["compiled"] if compiled else [])
-    record, sim = replay(tmp_path, real, algo="dc-asgd", workers=workers,
+    record, sim = replay(tmp_path, real, algo=algo, workers=workers,
                          args=["--server-kernel", "compiled"] if compiled else [])
     counts = record["simulator"]["replay"]
     assert counts["pulls_matched"] == counts["pulls"] > EPOCHS * 45, counts
