@@ -84,25 +84,23 @@ class Traffic(TorchDispatchMode):
         self.fused = getattr(program, "fused", None)
 
     def __enter__(self):
-        if self.fused is not None:
-            call = type(self.fused)._call
-
-            def counted(variant, weights, *args):
-                with _disable_current_modes():
-                    found = call(variant, weights, *args)
-                read, written = self.fused.traffic(variant, weights.numel())
-                self.read, self.written = self.read + read, self.written + written
-                return found
-            self.fused._call = counted  # (this instance's, until __exit__)
-            call_round = type(self.fused)._call_round
-
-            def counted_round(weights, buf, grads, slots, numbers, momentum):
-                with _disable_current_modes():
-                    call_round(weights, buf, grads, slots, numbers, momentum)
-                read, written = self.fused.round_traffic(len(grads), len(slots), momentum, weights.numel())
-                self.read, self.written = self.read + read, self.written + written
-            self.fused._call_round = counted_round
+        fused = self.fused
+        if fused is not None:  # (this instance's, until __exit__)
+            fused._call = self._counted(type(fused)._call, lambda variant, weights, *rest:
+                                        fused.traffic(variant, weights.numel()))
+            fused._call_round = self._counted(type(fused)._call_round, lambda weights, buf, grads, slots, *rest:
+                                              fused.round_traffic(len(grads), len(slots), rest[-1], weights.numel()))
         return super().__enter__()
+
+    def _counted(self, call, traffic):
+        """``call`` run outside this mode, its bytes counted by ``traffic`` (on the same arguments)."""
+        def counted(*args):
+            with _disable_current_modes():
+                found = call(*args)
+            read, written = traffic(*args)
+            self.read, self.written = self.read + read, self.written + written
+            return found
+        return counted
 
     def __exit__(self, *exc):
         if self.fused is not None:

@@ -226,12 +226,19 @@ class BackupProgram(MailboxProgram):
         total, inverse = self.mean.sum_()
         self.blocks.run(self.mean_step(total, inverse, kwargs))
 
+    def fusable(self, kwargs) -> bool:
+        """Whether a compiled loop covers an update with these SGD settings: one is compiled, no Nesterov
+        momentum, fp32 answers."""
+        outbox = self.host.outbox
+        return (self.fused is not None and not kwargs["nesterov"]
+                and (outbox is None or outbox[0].dtype == torch.float32))
+
     def fused_apply(self, kwargs, first: int) -> bool:
         """The update as the compiled loop: the step through the momentum buffer with the mean folded
         into the rate, and worker ``first``'s answer written in the same pass. False, and nothing done,
         where the loop does not cover it (Nesterov, fp16 slots, no compiled push)."""
         outbox = self.host.outbox
-        if self.fused is None or kwargs["nesterov"] or (outbox is not None and outbox[0].dtype != torch.float32):
+        if not self.fusable(kwargs):
             return False
         variant = self.variant(kwargs["momentum"])
         self.warm_up(variant)
@@ -249,12 +256,12 @@ class BackupProgram(MailboxProgram):
         step through the momentum buffer, every accepted worker's answer, in one loop. False, and
         nothing done, unless every accepted gradient waits and they are the ``workers - backups`` the
         round was compiled for (fewer where workers went idle), with momentum and no Nesterov."""
-        outbox = self.host.outbox
-        if (self.fused is None or len(self.waiting) != len(workers) or len(workers) != self.need
-                or not kwargs["momentum"] or kwargs["nesterov"] or (outbox is not None and outbox[0].dtype != torch.float32)):
+        outbox, fused = self.host.outbox, self.fused
+        if (fused is None or not self.fusable(kwargs) or len(self.waiting) != len(workers)
+                or len(workers) != self.need or not kwargs["momentum"]):
             return False
         self.sgd.ready_buffer_(self.sgd_state, self.host.weights, kwargs["momentum"])
-        self.fused.round_(self.host.weights, self.sgd_state["momentum_buffer"], self.waiting,
+        fused.round_(self.host.weights, self.sgd_state["momentum_buffer"], self.waiting,
                           [] if outbox is None else [outbox[m] for m in workers], 1.0 / len(workers),
                           kwargs["momentum"], kwargs["weight_decay"], kwargs["lr"])
         self.waiting = []

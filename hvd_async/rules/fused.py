@@ -145,36 +145,35 @@ class FusedPush:
     def warm_up(self, variant: Variant) -> float:
         """Compile ``variant`` now, on small tensors of two sizes (the second makes the compiled
         shape general); returns the seconds it took (0 where it was compiled already)."""
-        if variant in self._seen:
-            return 0.0
-        start = time.perf_counter()
-        for n in (8192, 12288):  # above 4096, where inductor keeps a reduction in several lanes
+        def run(n: int) -> None:
             weights, grad = torch.zeros(n), torch.zeros(n)
-            used = _used(variant)
-            slot, mean_square, buf, total = (torch.zeros(n) if use else weights[:0] for use in used)
+            slot, mean_square, buf, total = (torch.zeros(n) if use else weights[:0] for use in _used(variant))
             self._call(variant, weights, grad, slot, mean_square, buf, total, torch.zeros(9))
-        seconds = time.perf_counter() - start
-        self._seen[variant] = True
-        self.compile_seconds += seconds
-        logger.info("%s: compiled the server's push %s in %.1f s", self.label, _describe(variant), seconds)
-        return seconds
+        return self._compile_once(variant, f"push {_describe(variant)}", run)
 
     def warm_up_round(self, grads: int, answers: int, momentum: bool) -> float:
         """:meth:`warm_up` for :meth:`round_` with ``grads`` gradients and ``answers`` answer slots."""
-        key = ("round", grads, answers, momentum)
-        if key in self._seen:
-            return 0.0
-        start = time.perf_counter()
-        for n in (8192, 12288):
+        def run(n: int) -> None:
             weights = torch.zeros(n)
             self._call_round(weights, torch.zeros(n) if momentum else weights[:0],
                              [torch.zeros(n) for _ in range(grads)], [torch.zeros(n) for _ in range(answers)],
                              torch.zeros(4), momentum)
+        return self._compile_once(("round", grads, answers, momentum), f"update of {grads} gradients ({answers} "
+                                  f"answers{', momentum' if momentum else ''})", run)
+
+    def _compile_once(self, key, description: str, run: Callable[[int], None]) -> float:
+        """``run`` the loop ``key`` names on tensors of two sizes (the second makes the compiled shape
+        general; both above 4096, where inductor keeps a reduction in several lanes), once per key;
+        returns the seconds it took (0 where it was compiled already)."""
+        if key in self._seen:
+            return 0.0
+        start = time.perf_counter()
+        for n in (8192, 12288):
+            run(n)
         seconds = time.perf_counter() - start
         self._seen[key] = True
         self.compile_seconds += seconds
-        logger.info("%s: compiled the server's update of %d gradients (%d answers%s) in %.1f s", self.label, grads,
-                    answers, ", momentum" if momentum else "", seconds)
+        logger.info("%s: compiled the server's %s in %.1f s", self.label, description, seconds)
         return seconds
 
     def ready_round(self, grads: int, answers: int, momentum: bool) -> bool:

@@ -18,7 +18,9 @@ Per shard, ``MPI.Win.Allocate`` windows (workers allocate zero bytes; every wind
   puts its gradient into its inbox slot, flushes, and sends the server a small header message (a
   :class:`Request`: its :class:`Kind`, the slot, and a payload of ``PAYLOAD_LEN`` floats whose fields
   the algorithm defines); the server program takes the gradient (a program that waits for several
-  folds each into a running sum as it lands, so the slot is free at once), applies its rule, writes
+  folds each into a running sum as it lands, so a pool's slot is free at once; backup-sgd's compiled
+  update leaves it in the worker's own slot, which that worker writes again only after its answer,
+  until the round's update reads them all), applies its rule, writes
   the weights it wants the worker to continue from into the worker's outbox slot (dc-asgd keeps them
   there as that worker's backup ``w_bak(m)``) and answers with the version, the staleness, the
   pushes and a :class:`Status` (the worker reads them as :class:`Answers`); the worker then gets its

@@ -67,9 +67,11 @@ class ServerProgram:
 
     def on_request(self, worker: int, request: Request) -> None:
         """One request (its ``kind``, the ``payload`` the strategy wrote, a push's inbox ``slot``); the
-        program answers with ``host.answer`` where the kind is answered. A push's inbox slot is free for
+        program answers with ``host.answer`` where the kind is answered. A pool's inbox slot is free for
         other workers' pushes once this returns: a program that waits for more gradients before it
-        updates (softsync, backup-sgd) folds this one into state of its own here."""
+        updates (softsync, backup-sgd) folds this one into state of its own here. A worker's own slot
+        (no pool) is written again only by that worker's next request, after this push is answered, so
+        a program may leave the gradient there until it answers (backup-sgd's compiled update)."""
         raise RuntimeError(f"server {self.host.shard}: {self.host.spec.algorithm} takes no mailbox "
                            f"requests (worker {worker})")
 
