@@ -145,28 +145,33 @@ class FusedPush:
     def warm_up(self, variant: Variant) -> float:
         """Compile ``variant`` now, on small tensors of two sizes (the second makes the compiled
         shape general); returns the seconds it took (0 where it was compiled already)."""
+        if variant in self._seen:  # (every push asks: nothing built before this)
+            return 0.0
+
         def run(n: int) -> None:
             weights, grad = torch.zeros(n), torch.zeros(n)
             slot, mean_square, buf, total = (torch.zeros(n) if use else weights[:0] for use in _used(variant))
             self._call(variant, weights, grad, slot, mean_square, buf, total, torch.zeros(9))
-        return self._compile_once(variant, f"push {_describe(variant)}", run)
+        return self._compile(variant, f"push {_describe(variant)}", run)
 
     def warm_up_round(self, grads: int, answers: int, momentum: bool) -> float:
         """:meth:`warm_up` for :meth:`round_` with ``grads`` gradients and ``answers`` answer slots."""
+        key = ("round", grads, answers, momentum)
+        if key in self._seen:  # (every round asks)
+            return 0.0
+
         def run(n: int) -> None:
             weights = torch.zeros(n)
             self._call_round(weights, torch.zeros(n) if momentum else weights[:0],
                              [torch.zeros(n) for _ in range(grads)], [torch.zeros(n) for _ in range(answers)],
                              torch.zeros(4), momentum)
-        return self._compile_once(("round", grads, answers, momentum), f"update of {grads} gradients ({answers} "
+        return self._compile(key, f"update of {grads} gradients ({answers} "
                                   f"answers{', momentum' if momentum else ''})", run)
 
-    def _compile_once(self, key, description: str, run: Callable[[int], None]) -> float:
+    def _compile(self, key, description: str, run: Callable[[int], None]) -> float:
         """``run`` the loop ``key`` names on tensors of two sizes (the second makes the compiled shape
-        general; both above 4096, where inductor keeps a reduction in several lanes), once per key;
-        returns the seconds it took (0 where it was compiled already)."""
-        if key in self._seen:
-            return 0.0
+        general; both above 4096, where inductor keeps a reduction in several lanes) and note ``key``
+        as compiled; returns the seconds it took."""
         start = time.perf_counter()
         for n in (8192, 12288):
             run(n)
