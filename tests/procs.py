@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -62,30 +62,61 @@ STUCK_AFTER_RANKS_SECONDS = 10.0
 STUCK_NOTE = "procs: every rank had exited and {cmd} had not after {s:g} s (its own teardown); stopped it"
 
 
-def _only_zombie_children(pgid: int) -> bool:
-    """Whether every process of group ``pgid`` but its leader has exited (a zombie its parent has not reaped)."""
-    rows = [row.split() for row in group_processes(pgid)]
-    children = [row for row in rows if row and int(row[0]) != pgid]
-    return bool(children) and all(row[2].startswith("Z") for row in children)
+def _wait_status(pid: int) -> Optional[int]:
+    """The exit status of the zombie ``pid`` as a shell gives it (its code, or 128 + the signal that
+    ended it), from the ``exit_code`` field of /proc/PID/stat (waitpid's form; Linux 3.5 and later)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        raw = int(stat[stat.rindex(")") + 2:].split()[49])
+    except (OSError, ValueError, IndexError):
+        return None
+    return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
 
 
-def _wait(proc: subprocess.Popen, timeout: float, cmd: Sequence[str]) -> str:
-    """``proc``'s output once it has ended; a hang fails the test with where each process was, except a
-    leader stuck after all its children have exited, which is stopped with a note in the output."""
-    deadline, stuck_since = time.time() + timeout, None
+class StuckLeader:
+    """Watches the process group of a command whose processes (mpirun's ranks) have all exited while
+    the command itself has not: :meth:`stuck` is true once that has lasted ``STUCK_AFTER_RANKS_SECONDS``.
+    ``statuses`` are then the ranks' exit statuses, read before anything is killed, and ``status``
+    what mpirun reports for them: the first non-zero exit code, else the first signal's 128 + N, else 0."""
+
+    def __init__(self, pgid: int):
+        self.pgid, self.since, self.statuses = pgid, None, []
+
+    def stuck(self) -> bool:
+        rows = [row.split() for row in group_processes(self.pgid)]
+        children = [row for row in rows if row and int(row[0]) != self.pgid]
+        if not (children and all(row[2].startswith("Z") for row in children)):
+            self.since = None
+            return False
+        now = time.time()
+        if self.since is None:
+            self.since = now
+        self.statuses = [_wait_status(int(row[0])) for row in children]
+        return now - self.since >= STUCK_AFTER_RANKS_SECONDS
+
+    @property
+    def status(self) -> int:
+        known = [s for s in self.statuses if s is not None]
+        return next((s for s in known if 0 < s < 128), next((s for s in known if s), 0))
+
+
+def _wait(proc: subprocess.Popen, timeout: float, cmd: Sequence[str]) -> Tuple[str, int]:
+    """``proc``'s output and exit status once it has ended; a hang fails the test with where each
+    process was, except a leader stuck after all its children have exited, which is stopped with a
+    note in the output (the status is then what it would have reported: :class:`StuckLeader`)."""
+    deadline, watch = time.time() + timeout, StuckLeader(proc.pid)
     while True:
         try:
             out, _ = proc.communicate(timeout=1.0)  # (a retry after a timeout loses no output)
-            return out
+            return out, proc.returncode
         except subprocess.TimeoutExpired:
             pass
-        now = time.time()
-        stuck_since = (stuck_since or now) if _only_zombie_children(proc.pid) else None
-        if stuck_since is not None and now - stuck_since >= STUCK_AFTER_RANKS_SECONDS:
+        if watch.stuck():
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            return out + STUCK_NOTE.format(cmd=os.path.basename(cmd[0]), s=STUCK_AFTER_RANKS_SECONDS) + "\n"
-        if now >= deadline:
+            return out + STUCK_NOTE.format(cmd=os.path.basename(cmd[0]), s=STUCK_AFTER_RANKS_SECONDS) + "\n", watch.status
+        if time.time() >= deadline:
             where = hung_processes(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
@@ -100,14 +131,14 @@ def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None,
     full_env.update(env or {})
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=cwd, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
-    out = _wait(proc, timeout, cmd)
+    out, code = _wait(proc, timeout, cmd)
     deadline = time.time() + 10
     while _group_alive(proc.pid) and time.time() < deadline:
         time.sleep(0.1)
     if _group_alive(proc.pid):
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"processes were left behind by: {' '.join(cmd)}")
-    return Result(proc.returncode, out)
+    return Result(code, out)
 
 
 def mpirun(np: int, program: Sequence[str], *, no_shm: bool = False, timeout: float = 240,

@@ -28,7 +28,7 @@ import common  # noqa: E402
 
 sys.path.insert(0, os.path.join(common.ROOT, "tests"))
 sys.path.insert(0, os.path.join(common.ROOT, "tests", "unit"))
-from procs import _group_alive, group_processes  # noqa: E402  (a job's process group: alive? who is in it?)
+from procs import StuckLeader, _group_alive, group_processes  # noqa: E402  (a job's process group)
 
 ROOT = common.ROOT
 JOB = os.path.join(ROOT, "tests", "mpi", "fault_job.py")
@@ -65,7 +65,13 @@ def not_applicable(algo: str, fault: str) -> str:
 
 def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root: str):
     """Run ``job`` under mpirun in its own process group: (output, exit status or None if it hung,
-    seconds from its start to its end, the start, whether processes were left, what was alive at a hang)."""
+    seconds from its start to its end, the start, whether processes were left, what was alive at a hang,
+    the ranks' statuses where mpirun was stopped as stuck after every rank had exited, else None).
+
+    mpirun stuck in its own teardown after all its ranks have exited (Debian's Open MPI can deadlock
+    there after an MPI_Abort: tests/procs.py) is stopped ``STUCK_AFTER_RANKS_SECONDS`` later, as the
+    tests' harness and ``hvd-async train`` do; the status is then what it would have reported, and the
+    job's end is the moment it was stopped."""
     from hvd_async.job.launcher import mpirun_command
 
     names, env = list(env), dict(os.environ, PYTHONUNBUFFERED="1", **env)  # (mpirun passes ``names`` on)
@@ -76,15 +82,26 @@ def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root:
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
-    alive = []
-    try:
-        out, _ = proc.communicate(timeout=hang)
-        status = proc.returncode
-    except subprocess.TimeoutExpired:
-        status = None
-        alive = group_processes(proc.pid)  # what was still there: who holds the job up
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    alive, watch, stuck = [], StuckLeader(proc.pid), None
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=1.0)  # (a retry after a timeout loses no output)
+            status = proc.returncode
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if watch.stuck():
+            stuck = list(watch.statuses)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            status = watch.status
+            break
+        if time.time() - start >= hang:
+            status = None
+            alive = group_processes(proc.pid)  # what was still there: who holds the job up
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            break
     end = time.time()
     deadline = time.time() + 10
     while _group_alive(proc.pid) and time.time() < deadline:
@@ -92,13 +109,13 @@ def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root:
     left = _group_alive(proc.pid)
     if left:
         os.killpg(proc.pid, signal.SIGKILL)
-    return out, status, end, start, left, alive
+    return out, status, end, start, left, alive, stuck
 
 
 def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, package_root: str = "") -> dict:
     servers = FAMILIES[algo]
     env = {"ALGO": algo, "FAULT": fault, "SERVERS": str(servers), "LEAVER": str(LEAVER)}
-    out, status, end, start, left, alive = _run_job(JOB, env, WORKERS + servers, shm, hang, package_root)
+    out, status, end, start, left, alive, stuck = _run_job(JOB, env, WORKERS + servers, shm, hang, package_root)
     hung = status is None
     mark = re.search(r"FAULT \S+ on \w+ \d+ at step \d+ t=([\d.]+)", out)
     fault_at = float(mark.group(1)) if mark else start  # (no mark: from the start, an upper bound)
@@ -107,6 +124,8 @@ def run_cell(algo: str, fault: str, shm: bool, hang: float, limit: float, packag
     seconds = round(end - fault_at, 1)
     cell = {"algorithm": algo, "fault": fault, "shm": shm, "exit_status": status,
             "hang": hung, "seconds_after_fault": seconds, "named": named[:300], "left_processes": left}
+    if stuck is not None:  # mpirun stopped, stuck after its ranks had exited with these statuses
+        cell["mpirun_stuck_after_ranks"] = stuck
     cell["passed"] = (not hung and status != 0 and seconds <= limit and bool(named) and not left)
     if not cell["passed"]:
         cell["output_tail"] = out[-2500:]
@@ -127,8 +146,8 @@ def run_order_cell(algo: str, order: str, shm: bool, hang: float, limit: float, 
     servers = FAMILIES[algo]
     leaves = [Leave.parse(name) for name in order.split(",")]
     env = {"ALGO": algo, "SERVERS": str(servers), "LEAVES": order}
-    out, status, end, start, left, alive = _run_job(ORDER_JOB, env, len(leaves) + servers, shm, hang,
-                                                    package_root)
+    out, status, end, start, left, alive, stuck = _run_job(ORDER_JOB, env, len(leaves) + servers, shm, hang,
+                                                           package_root)
     hung = status is None
     marks = [float(t) for t in re.findall(r"FAULT \S+ on worker \d+ at step \d+ t=([\d.]+)", out)]
     seconds = round(end - (min(marks) if marks else start), 1)
@@ -143,6 +162,8 @@ def run_order_cell(algo: str, order: str, shm: bool, hang: float, limit: float, 
     cell = {"algorithm": algo, "fault": f"order {order}", "shm": shm, "exit_status": status, "hang": hung,
             "seconds_after_fault": seconds, "named": (named or "")[:300], "left_processes": left,
             "checker_ends": sorted(ends)}
+    if stuck is not None:
+        cell["mpirun_stuck_after_ranks"] = stuck
     cell["passed"] = bool(as_checked and seconds <= limit and not left)
     if not cell["passed"]:
         cell["output_tail"] = out[-2500:]
