@@ -96,6 +96,10 @@ def main(argv=None) -> int:
                    help="the inbox and outbox slots' format (fp16: as under fp16 compression)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "lookahead_cost.json"), help="JSON path")
     args = p.parse_args(argv)
+    try:
+        [parse_size(size) for size in args.sizes.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
     torch.set_num_threads(1)
     rows = []
     for algo in args.algos.split(","):

@@ -233,7 +233,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.pushes, args.blocks = 8, 3
-    sizes = [parse_size(x) for x in (args.size or args.sizes or (QUICK_SIZES if args.quick else SIZES)).split(",") if x]
+    try:
+        sizes = [parse_size(x) for x in (args.size or args.sizes or (QUICK_SIZES if args.quick else SIZES)).split(",")
+                 if x]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
     algos = [a for a in args.algos.split(",") if a]
     unknown = [a for a in algos if a not in PROGRAMS]
     if unknown or args.pushes < WORKERS or args.blocks < 1 or args.threads < 1:

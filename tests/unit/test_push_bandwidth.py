@@ -39,3 +39,16 @@ def test_a_dc_asgd_push_moves_at_least_its_papers_passes():
     with Traffic() as traffic:
         pushes(program, requests, 4)
     assert (traffic.read + traffic.written) / 4 >= 5 * 4 * N
+
+
+def test_a_bad_size_is_one_line_naming_it(capsys):
+    """A size argparse cannot read until after parsing (the list of --sizes) is argparse's usage error
+    (exit status 2, one line naming it), not a traceback."""
+    import pytest
+
+    import push_bandwidth
+
+    with pytest.raises(SystemExit) as exit_:
+        push_bandwidth.main(["--sizes", "1MB,12", "--out", os.devnull])
+    assert exit_.value.code == 2
+    assert "size '12' must look like 256KB or 4MB" in capsys.readouterr().err.splitlines()[-1]
