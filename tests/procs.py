@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import pytest
 
@@ -101,26 +101,49 @@ class StuckLeader:
         return next((s for s in known if 0 < s < 128), next((s for s in known if s), 0))
 
 
-def _wait(proc: subprocess.Popen, timeout: float, cmd: Sequence[str]) -> Tuple[str, int]:
-    """``proc``'s output and exit status once it has ended; a hang fails the test with where each
-    process was, except a leader stuck after all its children have exited, which is stopped with a
-    note in the output (the status is then what it would have reported: :class:`StuckLeader`)."""
+class Ended(NamedTuple):
+    """How :func:`wait_ended` saw a command end: its output; its status (None: still running at the
+    timeout, then killed); the ranks' statuses where it was stopped as stuck after they had all exited
+    (:class:`StuckLeader`; None otherwise); and ``where``, what ``describe`` said of its process group
+    just before a timeout's kill."""
+    out: str
+    code: Optional[int]
+    stuck: Optional[List[Optional[int]]]
+    where: Any
+
+
+def wait_ended(proc: subprocess.Popen, timeout: float, describe: Callable[[int], Any] = group_processes) -> Ended:
+    """Wait for ``proc`` (the leader of its own process group) to end, for at most ``timeout`` seconds
+    from now. A leader stuck after all its children have exited is stopped ``STUCK_AFTER_RANKS_SECONDS``
+    later, its status then what it would have reported; one still running at the timeout is described
+    (``describe(pgid)``) and killed. The whole group is killed in both cases."""
     deadline, watch = time.time() + timeout, StuckLeader(proc.pid)
     while True:
         try:
             out, _ = proc.communicate(timeout=1.0)  # (a retry after a timeout loses no output)
-            return out, proc.returncode
+            return Ended(out, proc.returncode, None, None)
         except subprocess.TimeoutExpired:
             pass
         if watch.stuck():
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            return out + STUCK_NOTE.format(cmd=os.path.basename(cmd[0]), s=STUCK_AFTER_RANKS_SECONDS) + "\n", watch.status
+            return Ended(out, watch.status, list(watch.statuses), None)
         if time.time() >= deadline:
-            where = hung_processes(proc.pid)
+            where = describe(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{out[-5000:]}\n{where}")
+            return Ended(out, None, None, where)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, cmd: Sequence[str]) -> Tuple[str, int]:
+    """``proc``'s output and exit status once it has ended (:func:`wait_ended`); a hang fails the test
+    with where each process was, and a stuck leader's stop is noted in the output."""
+    ended = wait_ended(proc, timeout, describe=hung_processes)
+    if ended.code is None:
+        pytest.fail(f"timed out after {timeout} s (deadlock?): {' '.join(cmd)}\n{ended.out[-5000:]}\n{ended.where}")
+    if ended.stuck is not None:
+        return ended.out + STUCK_NOTE.format(cmd=os.path.basename(cmd[0]), s=STUCK_AFTER_RANKS_SECONDS) + "\n", ended.code
+    return ended.out, ended.code
 
 
 def run(cmd: Sequence[str], *, timeout: float = 240, env: Optional[dict] = None, cwd: str = ROOT) -> Result:

@@ -28,7 +28,7 @@ import common  # noqa: E402
 
 sys.path.insert(0, os.path.join(common.ROOT, "tests"))
 sys.path.insert(0, os.path.join(common.ROOT, "tests", "unit"))
-from procs import StuckLeader, _group_alive, group_processes  # noqa: E402  (a job's process group)
+from procs import _group_alive, wait_ended  # noqa: E402  (a job's process group: alive? its end)
 
 ROOT = common.ROOT
 JOB = os.path.join(ROOT, "tests", "mpi", "fault_job.py")
@@ -82,26 +82,8 @@ def _run_job(job: str, env: dict, np: int, shm: bool, hang: float, package_root:
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
-    alive, watch, stuck = [], StuckLeader(proc.pid), None
-    while True:
-        try:
-            out, _ = proc.communicate(timeout=1.0)  # (a retry after a timeout loses no output)
-            status = proc.returncode
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if watch.stuck():
-            stuck = list(watch.statuses)
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            status = watch.status
-            break
-        if time.time() - start >= hang:
-            status = None
-            alive = group_processes(proc.pid)  # what was still there: who holds the job up
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            break
+    ended = wait_ended(proc, hang)  # (at a hang, ``where``: what was alive, who held the job up)
+    out, status, stuck, alive = ended.out, ended.code, ended.stuck, ended.where or []
     end = time.time()
     deadline = time.time() + 10
     while _group_alive(proc.pid) and time.time() < deadline:

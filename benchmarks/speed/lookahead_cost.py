@@ -97,14 +97,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(HERE, "results", "lookahead_cost.json"), help="JSON path")
     args = p.parse_args(argv)
     try:
-        [parse_size(size) for size in args.sizes.split(",")]
+        sizes = {size: parse_size(size) for size in args.sizes.split(",")}
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     torch.set_num_threads(1)
     rows = []
     for algo in args.algos.split(","):
-        for size in args.sizes.split(","):
-            numel = parse_size(size) // 4
+        for size, size_bytes in sizes.items():
+            numel = size_bytes // 4
             programs = {flag: make(algo, numel, flag, args.wire) for flag in (False, True)}
             for program in programs.values():
                 block(program, 2 * WORKERS)  # warm: every worker's buffers exist

@@ -130,6 +130,7 @@ def summarize(args, runs) -> dict:
     table = {a: per_algo(runs, a) for a in algos}
     median = {a: table[a]["samples_per_second"]["median"] for a in algos}
     tta = {a: table[a]["time_to_target"]["median"] for a in algos}
+    beside_asgd = [a for a in args.algo_list if a != "asgd"] if "asgd" in args.algo_list else []
     return {"benchmark": "straggler_throughput", "quick": args.quick, "workers": args.workers,
             "compute_ms": args.compute_ms, "straggler": args.straggler, "job_args": args.job_args,
             "compute_model": _compute_model(args), "epochs": args.epochs,
@@ -144,10 +145,9 @@ def summarize(args, runs) -> dict:
                                        for a in args.algo_list},
             "time_to_target_speedup_per_repeat": {a: paired_ratios(runs, a, "time_to_target", invert=True)
                                                   for a in args.algo_list},
-            "ratio_to_asgd": ({a: median[a] / median["asgd"] for a in args.algo_list if a != "asgd"}
-                              if "asgd" in args.algo_list else {}),
-            "ratio_to_asgd_per_repeat": ({a: paired_ratios(runs, a, "samples_per_second", base="asgd")
-                                          for a in args.algo_list if a != "asgd"} if "asgd" in args.algo_list else {}),
+            "ratio_to_asgd": {a: median[a] / median["asgd"] for a in beside_asgd},
+            "ratio_to_asgd_per_repeat": {a: paired_ratios(runs, a, "samples_per_second", base="asgd")
+                                         for a in beside_asgd},
             "per_algo": table, "target_asgd": TARGET_RATIO, "runs": runs}
 
 
