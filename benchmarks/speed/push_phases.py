@@ -9,7 +9,7 @@ wrapped, in this process only, so that each call the worker makes is timed:
   has landed (across hosts, this is where a server that does not poll shows);
 - ``request``: sending the request header (and posting the answer's receive);
 - ``answer``: waiting for the server's answer (the server's step, from the request's arrival);
-- ``weights``: the ``Rget`` of the new weights and the wait for it;
+- ``weights``: the ``Get`` of the new weights and the ``Flush`` that waits for it;
 - ``rest``: the remainder of the push (the fp16 rounding and widening, Python).
 
 Printed and written per size and wire: the mean milliseconds per push of each part. ``--spin-yield``
@@ -32,7 +32,7 @@ from common import (HERE, MODES, MODES_HELP, SPIN_YIELD, add_slots, add_spin_yie
 
 PARTS = ("put", "request", "answer", "weights", "rest")
 CALLS = {"inbox.Put": "put", "inbox.Flush_all": "put", "comm.Send": "request", "comm.Irecv": "request",
-         "outbox.Rget": "weights"}
+         "outbox.Get": "weights", "outbox.Flush": "weights"}
 
 
 def parse_args(argv=None):
@@ -81,13 +81,13 @@ class _Timed:
 
 
 class _TimedMPI:
-    """The ``MPI`` module as the transport sees it, with ``Request.Waitall`` timed: its first call in a
-    push waits for the answer, its second for the weights. On an oversubscribed node the answer is
+    """The ``MPI`` module as the transport sees it, with ``Request.Waitall`` timed: in a push it waits
+    for the answer. On an oversubscribed node the answer is
     waited for with ``Testall`` checks instead (the transport's polite wait): their time, and the sleeps
     between them, count as the answer's, and the answer's wait ends with the check that finds it."""
 
     def __init__(self, mpi, spent):
-        self._mpi, self._spent, self.waits = mpi, spent, 0
+        self._mpi, self._spent = mpi, spent
         outer = self
         polling = []  # when the current run of Testall checks began
 
@@ -98,8 +98,7 @@ class _TimedMPI:
                 try:
                     return mpi.Request.Waitall(requests, *args)
                 finally:
-                    outer._spent["answer" if outer.waits % 2 == 0 else "weights"] += time.perf_counter() - start
-                    outer.waits += 1
+                    outer._spent["answer"] += time.perf_counter() - start
 
             @staticmethod
             def Testall(requests, *args):
@@ -108,7 +107,6 @@ class _TimedMPI:
                 done = mpi.Request.Testall(requests, *args)
                 if done:
                     outer._spent["answer"] += time.perf_counter() - polling.pop()
-                    outer.waits += 1
                 return done
         self.Request = Request
 
@@ -177,7 +175,7 @@ def bench(args) -> int:
 PART_HELP = {"put": "the gradient's Put and the Flush_all until it landed",
              "request": "sending the request header, posting the answer's receive",
              "answer": "waiting for the server's answer (its step)",
-             "weights": "the Rget of the new weights and its wait",
+             "weights": "the Get of the new weights and its Flush",
              "rest": "the remainder (fp16 rounding and widening, Python)"}
 
 

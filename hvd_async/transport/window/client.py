@@ -250,12 +250,6 @@ class WindowTransport(Transport):
         else:
             self._win.weights.Get(part, k, target=target)
 
-    def _rget(self, part, k: int, target):
-        """``_get`` as a request."""
-        if k in self.atomic_reads:
-            return self._win.weights.Rget_accumulate(self._no_float, part, k, target=target, op=self._MPI.NO_OP)
-        return self._win.weights.Rget(part, k, target=target)
-
     # --- weights ------------------------------------------------------------------------------
     def publish_(self, flat: torch.Tensor) -> None:
         """Collective over the workers: worker 0's ``flat`` becomes the global weights, and every
@@ -270,7 +264,7 @@ class WindowTransport(Transport):
         self._watch.barrier(self._workers_comm, "the start")  # nobody pushes before everyone has the initial weights
 
     def pull_async(self, flat: torch.Tensor) -> Pending:
-        """Start reading the global weights into ``flat`` (``Rget`` from every shard)."""
+        """Start reading the global weights into ``flat`` (a ``Get`` from every shard, flushed by ``wait()``)."""
         self._check_idle()
         MPI = self._MPI
         versions = np.zeros(self.servers, dtype=np.int64)
@@ -278,10 +272,12 @@ class WindowTransport(Transport):
         # be in the weights but not in the version, which counts it as stale: an over-estimate.
         counters = self.counters
         counters.start_reads([[versions[k:k + 1], MPI.INT64_T] for k in range(self.servers)])
-        requests = [self._rget(part, k, target) for k, part, target in self._weight_slices(flat)]
+        slices = self._weight_slices(flat)
+        for k, part, target in slices:  # (under the lock held since opening, a Get is under way once issued)
+            self._get(part, k, target)
 
         def finish(keep=flat):
-            MPI.Request.Waitall(requests)
+            _flush_servers(self._win.weights, [k for k, _, _ in slices])
             self._win.meta.Flush_all()
             counters.read[:] = versions
             np.maximum(counters.latest, versions, out=counters.latest)
@@ -461,13 +457,13 @@ class WindowTransport(Transport):
             if not answered:
                 return None
             wait_for_answers(MPI, requests, self._polite)
-            # (a plain Rget: the server wrote this slot before answering, and writes it again only
+            # (a plain Get: the server wrote this slot before answering, and writes it again only
             # while serving this worker's next request; nobody accumulates into it)
             window = self._win.inbox if into_inbox else self._win.outbox  # (the outbox: this worker's slot)
             claimed = into_inbox and slots is not None
-            gets = [window.Rget(part, k, target=((slots[k] if claimed else self._rank) * count, count, F))
-                    for k, part, (_, count, F) in out_parts]
-            MPI.Request.Waitall(gets)
+            for k, part, (_, count, F) in out_parts:
+                window.Get(part, k, target=((slots[k] if claimed else self._rank) * count, count, F))
+            _flush_servers(window, [k for k, _, _ in out_parts])
             if into_inbox and slots is not None:
                 self._claim.release(slots)  # the pull's copy is read: the slot is free again
             if final_out is not out:
