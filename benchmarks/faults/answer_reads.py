@@ -1,8 +1,8 @@
 """answer_reads: how often a mailbox worker's wait for its answer's weights never ends, across the
 ranks of separate hosts (shared memory off: Open MPI's UCX one-sided component over TCP).
 
-Runs ``answer_read_job.py`` (2 servers, ``--workers`` workers, ``--rounds`` rounds of 1 to 3 pushes
-and a ``load_global_model()``) ``--runs`` times per algorithm, each under mpirun in its own process
+Runs ``tests/mpi/answer_read_job.py`` (2 servers, ``--workers`` workers, ``--rounds`` rounds of 1 to 3
+pushes and a ``load_global_model()``) ``--runs`` times per algorithm, each under mpirun in its own process
 group, and counts the runs in which a worker made no progress for ``--stall`` seconds (the job
 prints where each worker was, and ends). ``--package-root`` tests the package of another checkout
 (the record names its commit), for a before/after of a change.
@@ -21,7 +21,7 @@ import common  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from faults import _run_job  # noqa: E402  (a job in its own process group, under mpirun)
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "answer_read_job.py")
+JOB = os.path.join(common.ROOT, "tests", "mpi", "answer_read_job.py")
 SERVERS = 2
 
 
