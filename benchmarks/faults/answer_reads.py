@@ -40,6 +40,7 @@ def parse_args(argv=None):
         p.error(f"--runs, --rounds and --workers must be >= 1 and --stall > 0, got {args.runs}, {args.rounds}, "
                 f"{args.workers}, {args.stall}")
     args.algos = [a for a in args.algos.split(",") if a]
+    args.package_root = os.path.abspath(args.package_root) if args.package_root else common.ROOT
     return args
 
 
@@ -47,7 +48,7 @@ def run_once(algo: str, args) -> dict:
     env = {"ALGO": algo, "ROUNDS": str(args.rounds), "STALL": str(args.stall)}
     hang = args.stall + 120 + args.rounds * 0.2  # the job's own watch ends a stall long before this
     out, status, end, start, left, _, _ = _run_job(JOB, env, SERVERS + args.workers, False, hang,
-                                                   args.package_root or common.ROOT)
+                                                   args.package_root)
     run = {"algorithm": algo, "exit_status": status, "seconds": round(end - start, 1),
            "completed": f"ROUNDS DONE {args.rounds}" in out, "stalled": "STALL on worker" in out,
            "left_processes": left}
@@ -72,9 +73,8 @@ def main() -> int:
                        "stalled": sum(r["stalled"] for r in runs if r["algorithm"] == algo),
                        "completed": sum(r["completed"] for r in runs if r["algorithm"] == algo)}
                 for algo in args.algos}
-    package = os.path.abspath(args.package_root) if args.package_root else common.ROOT
     summary = {"what": "mailbox pushes and snapshots, 2 servers, shared memory off: runs in which a worker stalled",
-               "package_commit": common.git("-C", package, "rev-parse", "HEAD"),
+               "package_commit": common.git("-C", args.package_root, "rev-parse", "HEAD"),
                "workers": args.workers, "servers": SERVERS, "rounds": args.rounds, "stall_seconds": args.stall,
                "runs": len(runs), "stalled": sum(r["stalled"] for r in runs),
                "completed": sum(r["completed"] for r in runs), "per_algorithm": per_algo,

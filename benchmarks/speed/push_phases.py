@@ -82,9 +82,9 @@ class _Timed:
 
 class _TimedMPI:
     """The ``MPI`` module as the transport sees it, with ``Request.Waitall`` timed: in a push it waits
-    for the answer. On an oversubscribed node the answer is
-    waited for with ``Testall`` checks instead (the transport's polite wait): their time, and the sleeps
-    between them, count as the answer's, and the answer's wait ends with the check that finds it."""
+    for the answer. On an oversubscribed node the answer is waited for with ``Testall`` checks instead
+    (the transport's polite wait): their time, and the sleeps between them, count as the answer's, and
+    the answer's wait ends with the check that finds it."""
 
     def __init__(self, mpi, spent):
         self._mpi, self._spent = mpi, spent

@@ -41,9 +41,9 @@ Workers hold a shared passive-target lock on every window for the transport's wh
 (``Lock_all``) and complete operations with ``Flush``, never with request-based calls (``Rget``):
 Open MPI 4.1's UCX one-sided component takes an ``Rget``'s request from an extra atomic at the target,
 and a worker's wait for one was seen never to end while both servers polled (docs/reliability.md).
-The server holds a lock on its own windows and
-touches their memory directly between ``Win.Sync`` calls. Headers and answers are two-sided
-messages on the transport's own communicator: the data never leaves the windows, and a worker
+The server holds a lock on its own windows and touches their memory directly between ``Win.Sync``
+calls. Headers and answers are two-sided messages on the transport's own communicator: the data
+never leaves the windows, and a worker
 waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network (on a node
 with more processes than cores it checks with ``MPI_Testall`` and sleeps between checks, so that its
 wait takes no core from the workers still computing: ``client.wait_for_answers``).

@@ -344,17 +344,11 @@ class WindowTransport(Transport):
 
     def accumulate_async(self, delta: torch.Tensor) -> Pending:
         """Start adding ``delta`` to the global weights (accumulate mode); ``wait()`` returns each
-        shard's staleness for this push (updates applied since this worker's last pull)."""
-        self._check_idle()
-        if self.spec.mode != "accumulate":
-            raise RuntimeError(f"accumulate() is for accumulate-mode transports; {self.spec.algorithm!r} "
-                               f"uses its server's mailbox: use push()")
-        MPI = self._MPI
-        requests = [self._win.weights.Raccumulate(part, k, target=target, op=MPI.SUM)
-                    for k, part, target in self._weight_slices(delta)]
+        shard's staleness for this push (updates applied since this worker's last pull). The
+        ``Accumulate``s are issued now and completed by ``wait()``'s flush."""
+        self._start_accumulate(delta)
 
-        def finish(keep=delta):  # ``delta`` must outlive the requests reading it
-            MPI.Request.Waitall(requests)
+        def finish(keep=delta):  # ``delta`` must outlive the accumulates reading it
             return self._count_push()
 
         self._pending = Pending(finish)
