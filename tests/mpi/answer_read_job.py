@@ -1,8 +1,8 @@
 """The job ``benchmarks/faults/answer_reads.py`` runs: 2 servers and the other ranks workers; each
 worker takes 1 to 3 mailbox pushes (each answered, then the new weights read from its outbox slot),
-then all call ``load_global_model()``, ``ROUNDS`` times. A worker whose step or snapshot has not returned for
-``STALL`` seconds prints ``STALL on worker N``, every thread's Python stack and exits 3 (which ends
-the job), so a wait that would never end is recorded with where it was."""
+then all call ``load_global_model()``, ``ROUNDS`` times. A worker whose step or snapshot has not
+returned for ``STALL`` seconds prints ``STALL on worker N``, every thread's Python stack and exits 3
+(which ends the job), so a wait that would never end is recorded with where it was."""
 import faulthandler
 import os
 import sys

@@ -43,10 +43,10 @@ Open MPI 4.1's UCX one-sided component takes an ``Rget``'s request from an extra
 and a worker's wait for one was seen never to end while both servers polled (docs/reliability.md).
 The server holds a lock on its own windows and touches their memory directly between ``Win.Sync``
 calls. Headers and answers are two-sided messages on the transport's own communicator: the data
-never leaves the windows, and a worker
-waiting for an answer sits in ``MPI_Wait`` instead of polling a flag across the network (on a node
-with more processes than cores it checks with ``MPI_Testall`` and sleeps between checks, so that its
-wait takes no core from the workers still computing: ``client.wait_for_answers``).
+never leaves the windows, and a worker waiting for an answer sits in ``MPI_Wait`` instead of polling
+a flag across the network (on a node with more processes than cores it checks with ``MPI_Testall``
+and sleeps between checks, so that its wait takes no core from the workers still computing:
+``client.wait_for_answers``).
 
 Reads of the weights from a shard on this node are plain ``Get``, also in accumulate mode
 where other workers may be adding into the same elements meanwhile. MPI leaves such a read undefined
